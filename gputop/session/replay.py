@@ -1,0 +1,169 @@
+"""Replay: a recording played back through the same bus and store as a live session.
+
+The replay clock moves only when ``tick`` is called (the UI's timer, or a test), so a replay is
+deterministic: the same calls give the same store. Processors (verdicts...) run again on the
+raw samples, so better rules improve old recordings; what the recording itself holds of their
+kinds is kept under ``<kind>@recorded``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from gputop.model import Sample
+from gputop.session.recording import ChunkRef, RecordingReader
+from gputop.session.session import Processor
+from gputop.session.store import Bus, SampleStore
+
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+RECORDED_SUFFIX = "@recorded"
+
+
+class ReplaySession:
+    def __init__(self, path: str, processors: list[Processor] | None = None, horizon_s: float = 300.0,
+                 seek_window_s: float = 120.0, start_playing: bool = True,
+                 clock=time.monotonic) -> None:
+        self.reader = RecordingReader(path)
+        self.meta = dict(self.reader.meta)
+        self.processors = list(processors or [])
+        self._derived_kinds = {k for p in self.processors for k in p.produces}
+        self.bus = Bus()
+        self.store = SampleStore(horizon_s=horizon_s)
+        self.bus.subscribe(self.store)
+        self.seek_window_s = seek_window_s
+        self.playback = self  # the UI looks for .playback; this object is its own controls
+        self._clock = clock
+        self._last_tick: float | None = None
+        self._cache: OrderedDict[int, list[Sample]] = OrderedDict()
+        self._fed_to = float("-inf")
+        self._due: dict[str, float] = {}
+        self.speed = 1.0
+        self.playing = start_playing
+        self.recording_path = None  # a replay writes nothing
+        self.recording_error = None
+        self.position = self.t_start
+        self._feed(self.t_start - 1.0, self.position)
+        self._run_processors(force=True)
+
+    # -- Playback surface ------------------------------------------------------------------
+    @property
+    def t_start(self) -> float:
+        return self.reader.index.t_start
+
+    @property
+    def t_end(self) -> float:
+        return self.reader.index.t_end
+
+    @property
+    def growing(self) -> bool:
+        """True while the file may still be written (no clean end frame yet)."""
+        return self.reader.index.end is None
+
+    def now(self) -> float:
+        return self.position
+
+    def toggle(self) -> None:
+        self.playing = not self.playing
+        self._last_tick = None
+
+    def set_speed(self, speed: float) -> None:
+        self.speed = min(max(speed, SPEEDS[0]), SPEEDS[-1])
+
+    def faster(self) -> None:
+        self.set_speed(next((s for s in SPEEDS if s > self.speed), SPEEDS[-1]))
+
+    def slower(self) -> None:
+        self.set_speed(next((s for s in reversed(SPEEDS) if s < self.speed), SPEEDS[0]))
+
+    def seek(self, t: float) -> None:
+        t = min(max(t, self.t_start), self.t_end)
+        if t >= self.position and t - self.position <= self.seek_window_s:
+            self._advance_to(t)  # forward and close: just play through
+            return
+        self.position = t
+        self.bus.reset()
+        for p in self.processors:
+            p.reset()
+        self._due.clear()
+        self._fed_to = float("-inf")
+        self._feed(t - self.seek_window_s, t)
+        self._run_processors(force=True)
+
+    def seek_relative(self, dt: float) -> None:
+        self.seek(self.position + dt)
+
+    def step(self, dt: float = 1.0) -> None:
+        self.playing = False
+        self.seek_relative(dt)
+
+    # -- Session surface -------------------------------------------------------------------
+    def tick(self) -> None:
+        now = self._clock()
+        last, self._last_tick = self._last_tick, now
+        if self.growing:
+            self.reader.refresh()
+        if not self.playing or last is None:
+            return
+        target = self.position + (now - last) * self.speed
+        if target >= self.t_end:
+            target = self.t_end
+            if not self.growing:
+                self.playing = False  # stop at the end of a finished recording
+        self._advance_to(target)
+
+    def stop(self, end: dict | None = None) -> None:
+        self.reader.close()
+
+    def describe_sources(self) -> dict:
+        return dict(self.meta.get("sources", {}))
+
+    # -- internals -------------------------------------------------------------------------
+    def _advance_to(self, t: float) -> None:
+        """Move forward to ``t``, stopping at every time a processor is due, so derivations
+        see the same sequence of windows at 16x as at 1x (hysteresis depends on it)."""
+        if t < self.position:
+            return
+        while self.processors:
+            nxt = min(self._due.get(p.name, self.position) for p in self.processors)
+            if nxt > t:
+                break
+            nxt = max(nxt, self.position)
+            self._feed(self._fed_to, nxt)
+            self.position = nxt
+            self._run_processors()
+        self._feed(self._fed_to, t)
+        self.position = t
+
+    def _chunk(self, ref: ChunkRef) -> list[Sample]:
+        got = self._cache.get(ref.offset)
+        if got is None:
+            got = self.reader.read_chunk(ref)
+            if self._derived_kinds:
+                got = [Sample(s.t, s.kind + RECORDED_SUFFIX, s.key, s.data) if s.kind in self._derived_kinds else s
+                       for s in got]
+            self._cache[ref.offset] = got
+            while len(self._cache) > 64:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(ref.offset)
+        return got
+
+    def _feed(self, t_from: float, t_to: float) -> None:
+        """Publish samples with t_from < t <= t_to, in time order."""
+        if t_to <= t_from:
+            return
+        batch: list[Sample] = []
+        for ref in self.reader.chunks_between(t_from, t_to):
+            batch.extend(s for s in self._chunk(ref) if t_from < s.t <= t_to)
+        batch.sort(key=lambda s: s.t)
+        self._fed_to = max(self._fed_to, t_to)
+        self.bus.publish_many(batch)
+
+    def _run_processors(self, force: bool = False) -> None:
+        now = self.position
+        for p in self.processors:
+            if not force and now < self._due.get(p.name, float("-inf")):
+                continue
+            self._due[p.name] = now + p.interval_s
+            self.bus.publish_many(p.process(self.store, now))

@@ -1,0 +1,213 @@
+"""The recording format: round trips, crash safety, refusal of bad files (one clear error)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gputop.model import Sample
+from gputop.session.recording import (
+    FORMAT_MAJOR, MAGIC, Recorder, RecordingError, RecordingReader, RecordingWriter,
+)
+
+
+def _samples(n: int, t0: float = 0.0) -> list[Sample]:
+    out = []
+    for i in range(n):
+        t = t0 + i * 0.1
+        out.append(Sample(t, "gpu", "0", {"sm_active": round(50 + i % 7, 2), "power_w": 300.0 + i,
+                                           "clock_events": ["sw_power_cap"] if i % 3 == 0 else [],
+                                           "pcie_rx": None}))
+        if i % 5 == 0:
+            out.append(Sample(t, "proc", "1234", {"cpu_pct": 99.5, "name": "python", "rss": 1 << 30}))
+    return out
+
+
+def test_round_trip_keeps_every_sample(tmp_path):
+    path = str(tmp_path / "r.gtrec")
+    w = RecordingWriter(path, {"gputop_version": "x", "target": {"pid": 1}})
+    first, second = _samples(30), _samples(30, t0=3.0)
+    w.write_samples(first)
+    w.write_samples(second)
+    w.close({"clean": True})
+    with RecordingReader(path) as r:
+        assert r.meta["target"] == {"pid": 1}
+        assert r.index.end == {"clean": True}
+        assert not r.index.truncated
+        got = r.all_samples()
+    want = sorted(first + second, key=lambda s: s.t)
+    assert [(s.t, s.kind, s.key) for s in got] == [(round(s.t, 4), s.kind, s.key) for s in want]
+    # values survive, including None (n/a) and lists
+    g0 = next(s for s in got if s.kind == "gpu")
+    assert g0.data == {"sm_active": 50, "power_w": 300.0, "clock_events": ["sw_power_cap"], "pcie_rx": None}
+
+
+def test_nan_becomes_none(tmp_path):
+    path = str(tmp_path / "r.gtrec")
+    w = RecordingWriter(path, {})
+    w.write_samples([Sample(0.5, "gpu", "0", {"dram_bw": float("nan"), "x": 1.0})])
+    w.close()
+    with RecordingReader(path) as r:
+        (s,) = r.all_samples()
+    assert s.data == {"dram_bw": None, "x": 1.0}
+
+
+def test_refuses_to_overwrite(tmp_path):
+    path = tmp_path / "r.gtrec"
+    path.write_bytes(b"precious")
+    with pytest.raises(RecordingError, match="already exists"):
+        RecordingWriter(str(path), {})
+    assert path.read_bytes() == b"precious"
+
+
+def test_truncated_file_keeps_complete_frames(tmp_path):
+    path = str(tmp_path / "r.gtrec")
+    w = RecordingWriter(path, {"a": 1})
+    w.write_samples(_samples(20))
+    w.write_samples(_samples(20, t0=2.0))
+    w.close()
+    data = open(path, "rb").read()
+    cut = str(tmp_path / "cut.gtrec")
+    open(cut, "wb").write(data[:-30])  # lose the end frame and part of ... the end frame
+    with RecordingReader(cut) as r:
+        assert r.index.truncated
+        assert len(r.index.chunks) == 2
+        assert len(r.all_samples()) == 2 * (20 + 4)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty"),
+    (b"hello, I am a text file\n" * 10, "not a gputop recording"),
+    (MAGIC + struct.pack("<HHI", FORMAT_MAJOR + 1, 0, 0), "newer than this gputop"),
+    (MAGIC + struct.pack("<HHI", FORMAT_MAJOR, 0, 0) + b"XX" + b"\0" * 40, "corrupted"),
+    (MAGIC + struct.pack("<HHI", FORMAT_MAJOR, 0, 0), "no metadata"),
+])
+def test_bad_files_get_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "bad.gtrec"
+    path.write_bytes(content)
+    with pytest.raises(RecordingError, match=message) as e:
+        RecordingReader(str(path)).all_samples()
+    assert "\n" not in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(RecordingError, match="no such file"):
+        RecordingReader(str(tmp_path / "nope.gtrec"))
+
+
+def test_flipped_byte_in_chunk_is_caught_by_checksum(tmp_path):
+    path = str(tmp_path / "r.gtrec")
+    w = RecordingWriter(path, {"a": 1})
+    w.write_samples(_samples(50))
+    w.close()
+    data = bytearray(open(path, "rb").read())
+    with RecordingReader(path) as r:
+        ref = r.index.chunks[0]
+    data[ref.offset + 28 + ref.length // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(RecordingError, match="checksum"):
+        RecordingReader(path).all_samples()
+
+
+def test_survives_kill_9_of_the_writer(tmp_path):
+    """A real recorder process is killed with SIGKILL; at most ~1 s of samples is lost."""
+    path = str(tmp_path / "killed.gtrec")
+    code = textwrap.dedent(f"""
+        import time, sys
+        from gputop.model import Sample
+        from gputop.session.recording import Recorder, RecordingWriter
+        rec = Recorder(RecordingWriter({path!r}, {{"test": True}}), flush_s=1.0)
+        rec.start()
+        t0 = time.monotonic()
+        i = 0
+        while True:
+            t = time.monotonic() - t0
+            rec.on_samples([Sample(t, "gpu", "0", {{"i": i}})])
+            i += 1
+            if i == 1: print("started", flush=True)
+            time.sleep(0.01)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "started"
+    time.sleep(3.5)
+    p.kill()
+    p.wait()
+    killed_after = 3.5
+    with RecordingReader(path) as r:
+        assert r.index.end is None  # no clean end: it was killed
+        got = r.all_samples()
+    assert got, "nothing survived"
+    assert got[-1].t >= killed_after - 1.6  # lost at most about one flush interval
+    assert [s.data["i"] for s in got] == list(range(len(got)))  # nothing lost in the middle
+
+
+def test_file_being_written_can_be_read_and_refreshed(tmp_path):
+    path = str(tmp_path / "live.gtrec")
+    w = RecordingWriter(path, {"a": 1})
+    w.write_samples(_samples(10))
+    r = RecordingReader(path)
+    assert len(r.index.chunks) == 1
+    w.write_samples(_samples(10, t0=1.0))
+    assert r.refresh()
+    assert len(r.index.chunks) == 2
+    w.close()
+    r.refresh()
+    assert r.index.end == {}
+    r.close()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=4096))
+def test_random_bytes_never_crash(tmp_path, blob):
+    path = tmp_path / "fuzz.gtrec"
+    path.write_bytes(blob)
+    _read_or_refuse(str(path))
+
+
+def _valid_file(tmp_path) -> bytes:
+    path = str(tmp_path / "valid-src.gtrec")
+    if not os.path.exists(path):
+        w = RecordingWriter(path, {"gputop_version": "x"})
+        w.write_samples(_samples(15))
+        w.write_samples(_samples(15, t0=2.0))
+        w.close({"clean": True})
+    return open(path, "rb").read()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mutated_recordings_never_crash(tmp_path, data):
+    blob = bytearray(_valid_file(tmp_path))
+    for _ in range(data.draw(st.integers(1, 8))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert", "set"]))
+        i = data.draw(st.integers(0, max(0, len(blob) - 1)))
+        if op == "flip" and blob:
+            blob[i] ^= data.draw(st.integers(1, 255))
+        elif op == "cut":
+            del blob[i:i + data.draw(st.integers(1, 64))]
+        elif op == "insert":
+            blob[i:i] = data.draw(st.binary(min_size=1, max_size=32))
+        elif op == "set" and len(blob) > i + 4:
+            blob[i:i + 4] = struct.pack("<I", data.draw(st.integers(0, 2**32 - 1)))
+    path = tmp_path / "mut.gtrec"
+    path.write_bytes(bytes(blob))
+    _read_or_refuse(str(path))
+
+
+def _read_or_refuse(path: str) -> None:
+    t = time.monotonic()
+    try:
+        with RecordingReader(path) as r:
+            for s in r.samples():
+                assert isinstance(s, Sample)
+    except RecordingError as e:
+        assert str(e) and "\n" not in str(e)
+    assert time.monotonic() - t < 2.0
