@@ -298,12 +298,15 @@ def _check_value(v, depth: int = 0) -> bool:
     return False
 
 
-def decode_chunk(obj, where: str = "chunk") -> list[Sample]:
-    """Validate a decoded chunk and turn it back into samples, sorted by time."""
+Series = tuple  # (kind: str, key: str, ts: list[float], cols: dict[str, list])
+
+
+def validate_chunk(obj, where: str = "chunk") -> list[Series]:
+    """Check a decoded chunk's structure; return its columnar series."""
     bad = RecordingError(f"{where}: unexpected structure; the file is corrupted or not a gputop recording")
     if not isinstance(obj, dict) or not isinstance(obj.get("series"), list):
         raise bad
-    out: list[Sample] = []
+    out: list[Series] = []
     for entry in obj["series"]:
         if not (isinstance(entry, list) and len(entry) == 4):
             raise bad
@@ -319,12 +322,25 @@ def decode_chunk(obj, where: str = "chunk") -> list[Sample]:
                 raise bad
             if not all(_check_value(v) for v in col):
                 raise bad
+        out.append((kind, key, ts, cols))
+    return out
+
+
+def samples_of(series: list[Series]) -> list[Sample]:
+    """Columnar series -> samples sorted by time."""
+    out: list[Sample] = []
+    for kind, key, ts, cols in series:
         names = list(cols)
         columns = [cols[c] for c in names]
-        for i in range(n):
+        for i in range(len(ts)):
             out.append(Sample(float(ts[i]), kind, key, {name: col[i] for name, col in zip(names, columns)}))
     out.sort(key=lambda s: s.t)
     return out
+
+
+def decode_chunk(obj, where: str = "chunk") -> list[Sample]:
+    """Validate a decoded chunk and turn it back into samples, sorted by time."""
+    return samples_of(validate_chunk(obj, where))
 
 
 class RecordingReader:
@@ -435,6 +451,10 @@ class RecordingReader:
             raise RecordingError(f"{where} fails its checksum; the file is corrupted")
 
     def read_chunk(self, ref: ChunkRef) -> list[Sample]:
+        return samples_of(self.read_series(ref))
+
+    def read_series(self, ref: ChunkRef) -> list[Series]:
+        """One chunk, validated, in its columnar form (cheap to aggregate without Samples)."""
         self._f.seek(ref.offset)
         hdr = self._f.read(_FRAME_HEADER.size)
         _, _, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
@@ -443,7 +463,7 @@ class RecordingReader:
         if len(payload) != length:
             raise RecordingError(f"{where} is cut short; the file is corrupted")
         self._check_crc(payload, crc, t0, t1, where)
-        return decode_chunk(_decode_payload(codec, payload, where), where)
+        return validate_chunk(_decode_payload(codec, payload, where), where)
 
     def chunks_between(self, t_from: float, t_to: float) -> list[ChunkRef]:
         return [c for c in self.index.chunks if c.t1 >= t_from and c.t0 <= t_to]

@@ -1,0 +1,381 @@
+"""The ``gputop`` command: argument parsing and wiring of sources, session, UI and report.
+
+Every user error ends in one line on stderr (``gputop: error: ...``: what went wrong, what to
+do) and a non-zero exit code: 2 for a bad command line, 1 for anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import gputop
+
+EPILOG = """\
+examples:
+  gputop --pid 1234                          watch a running training process
+  gputop --pid 1234 --record run.gtrec       ... and record the session to a file
+  gputop --pid 1234 --headless --duration 60 no UI: sample 60 s, record, print a triage report
+  gputop run -- python train.py --lr 3e-4    start a script with the in-process probe, and watch it
+  gputop replay run.gtrec                    replay a recording in the same UI
+  gputop report run.gtrec [--json]           summarise a recording
+  gputop demo                                a bundled workload, watched live
+
+keys in the UI: ? help · q quit · space pause (replay) · ←/→ seek 10 s · pgup/pgdn 1 min
+"""
+
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 10.0
+
+
+class UsageError(Exception):
+    """Bad command line: exit code 2."""
+
+
+class CliError(Exception):
+    """Anything else the user must fix: exit code 1."""
+
+
+def _add_attach_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("watching a process")
+    g.add_argument("--gpu", type=int, action="append", metavar="N",
+                   help="watch GPU N (repeatable); default: the GPUs the process uses (all until it uses one)")
+    g.add_argument("--interval", type=float, default=0.1, metavar="S",
+                   help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} (default 0.1); "
+                        "host sampling runs at max(0.5, S)")
+    g.add_argument("--record", metavar="FILE", help="record the session to FILE (a .gtrec file)")
+    g.add_argument("--headless", action="store_true",
+                   help="no UI: sample for --duration seconds, record, then print the report")
+    g.add_argument("--duration", type=float, metavar="S", help="with --headless: how long to sample (seconds)")
+    g.add_argument("--json", action="store_true", help="with --headless: print the report as JSON")
+    g.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gputop",
+        description="Why is my training job slow? Live GPU counters, Python stacks and step timings, "
+                    "fused into bottleneck verdicts.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gputop {gputop.__version__}")
+    p.add_argument("--pid", type=int, metavar="PID", help="the process to watch (a training script or launcher)")
+    _add_attach_options(p)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.")
+    r.add_argument("file", metavar="FILE")
+    r.add_argument("--speed", type=float, default=1.0, help="playback speed, 0.25-16 (default 1)")
+    r.add_argument("--paused", action="store_true", help="start paused at the beginning")
+
+    rep = sub.add_parser("report", help="summarise a recording", description="Summarise a recording.")
+    rep.add_argument("file", metavar="FILE")
+    rep.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
+
+    d = sub.add_parser("demo", help="run a bundled workload and watch it",
+                       description="Start a bundled training workload as a child process and watch it.")
+    d.add_argument("--scenario", default="default", help="which workload (see --list)")
+    d.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    _add_attach_options(d)
+
+    run = sub.add_parser("run", help="start a command with the in-process probe and watch it",
+                         description="Start COMMAND with gputop's in-process probe loaded, and watch it.",
+                         usage="gputop run [options] -- COMMAND [ARGS...]")
+    _add_attach_options(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND")
+    return p
+
+
+
+
+def _check_attach_args(a: argparse.Namespace) -> None:
+    if not (MIN_INTERVAL_S <= a.interval <= MAX_INTERVAL_S):
+        raise UsageError(f"--interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} seconds, not {a.interval:g}")
+    if a.headless:
+        if a.duration is None:
+            raise UsageError("--headless needs --duration S (how many seconds to sample)")
+        if not (0 < a.duration <= 7 * 24 * 3600):
+            raise UsageError(f"--duration must be a positive number of seconds, not {a.duration:g}")
+    elif a.duration is not None:
+        raise UsageError("--duration only applies with --headless")
+    if a.json and not a.headless:
+        raise UsageError("--json only applies with --headless (or use: gputop report FILE --json)")
+    for n in a.gpu or []:
+        if n < 0:
+            raise UsageError(f"--gpu takes a GPU index (0, 1, ...), not {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Live sessions
+
+
+def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record_path: str | None):
+    from gputop.session.recording import Recorder, RecordingError, RecordingWriter
+    from gputop.session.session import LiveSession, SessionClock, base_meta
+    from gputop.sources.host import HostSource
+    from gputop.sources.nvml import NvmlSource
+    from gputop.sources.target import Target
+
+    target = Target(pid)
+    clock = SessionClock()
+    sources = [
+        NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval),
+        HostSource(clock, target, interval_s=max(0.5, a.interval)),
+    ]
+    sources += _optional_sources(clock, target, a)
+    processors = _processors()
+    meta = base_meta(clock, argv)
+    meta["target"] = target.describe()
+    recorder = None
+    if record_path:
+        try:
+            recorder = Recorder(RecordingWriter(record_path, meta))
+        except RecordingError as e:
+            raise CliError(str(e)) from None
+    session = LiveSession(sources, clock, meta, recorder=recorder, processors=processors)
+    return session, target
+
+
+def _optional_sources(clock, target, a) -> list:
+    """Sources that plug in when their module is part of this build."""
+    out = []
+    try:
+        from gputop.sources.stacks import StackSource
+    except ModuleNotFoundError:
+        StackSource = None
+    if StackSource is not None and not a.no_stacks:
+        out.append(StackSource(clock, target))
+    try:
+        from gputop.sources.probe_client import ProbeClientSource
+    except ModuleNotFoundError:
+        ProbeClientSource = None
+    if ProbeClientSource is not None:
+        out.append(ProbeClientSource(clock, target))
+    return out
+
+
+def _processors() -> list:
+    """Derivations run on the session's samples (live and on replay)."""
+    out = []
+    try:
+        from gputop.derive.threads import ThreadStateProcessor
+        out.append(ThreadStateProcessor())
+    except ModuleNotFoundError:
+        pass
+    return out
+
+
+def _default_record_path(pid: int) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"gputop-{pid}-{stamp}.gtrec"
+
+
+def attach(pid: int, a: argparse.Namespace, argv: list[str], child: subprocess.Popen | None = None) -> int:
+    from gputop.sources.target import TargetError
+
+    record_path = a.record
+    if a.headless and not record_path:
+        record_path = _default_record_path(pid)
+    if not a.headless and not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise CliError("no terminal here (stdin/stdout is not a TTY): run with --headless --duration S")
+    try:
+        session, target = _build_live_session(pid, a, argv, record_path)
+    except TargetError as e:
+        raise CliError(str(e)) from None
+    session.start()
+    if a.headless:
+        return _run_headless(session, target, a, record_path, child)
+    from gputop.ui.app import run_app
+    try:
+        return run_app(session)
+    finally:
+        session.stop()
+
+
+def _run_headless(session, target, a, record_path: str, child) -> int:
+    from gputop.report import build_report, render_text
+
+    stop = {"why": None}
+
+    def on_signal(signum, frame):
+        stop["why"] = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"gputop: watching PID {target.pid} ({target.command[:80]}) for {a.duration:g} s, "
+          f"recording to {record_path}", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + a.duration
+    exited_at = None
+    try:
+        while time.monotonic() < deadline and stop["why"] is None:
+            time.sleep(0.2)
+            if exited_at is None and not target.alive():
+                exited_at = time.monotonic()
+                print(f"gputop: the target (PID {target.pid}) exited; finishing the report",
+                      file=sys.stderr, flush=True)
+            if exited_at is not None and time.monotonic() - exited_at > 1.5:
+                break
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        session.stop({"stopped_by": stop["why"] or ("target exited" if exited_at else "duration")})
+    if session.recording_error:
+        print(f"gputop: {session.recording_error}", file=sys.stderr)
+    report = build_report(record_path)
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        sys.stdout.write(render_text(report))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_replay(a) -> int:
+    from gputop.session.recording import RecordingError
+    from gputop.session.replay import SPEEDS, ReplaySession
+
+    if not (SPEEDS[0] <= a.speed <= SPEEDS[-1]):
+        raise UsageError(f"--speed must be between {SPEEDS[0]} and {SPEEDS[-1]}, not {a.speed:g}")
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise CliError("no terminal here (stdin/stdout is not a TTY): use `gputop report FILE` instead")
+    try:
+        session = ReplaySession(a.file, processors=_processors(), start_playing=not a.paused)
+    except RecordingError as e:
+        raise CliError(str(e)) from None
+    session.set_speed(a.speed)
+    from gputop.ui.app import run_app
+    try:
+        return run_app(session)
+    finally:
+        session.stop()
+
+
+def cmd_report(a) -> int:
+    from gputop.report import build_report, render_text
+    from gputop.session.recording import RecordingError
+
+    try:
+        report = build_report(a.file)
+    except RecordingError as e:
+        raise CliError(str(e)) from None
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        sys.stdout.write(render_text(report))
+    return 0
+
+
+def _start_child(argv: list[str], log_path: str, with_probe: bool) -> subprocess.Popen:
+    env = dict(os.environ)
+    # The child dies with gputop, even when gputop is killed with SIGKILL (Linux).
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    log = open(log_path, "ab")
+    try:
+        if with_probe:
+            try:
+                from gputop.session.launch import launch_with_probe
+            except ModuleNotFoundError:
+                launch_with_probe = None
+            if launch_with_probe is not None:
+                return launch_with_probe(argv, env=env, stdout=log, stderr=log, preexec_fn=preexec)
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                preexec_fn=preexec)
+    except FileNotFoundError:
+        raise CliError(f"cannot start {argv[0]!r}: no such program") from None
+    except PermissionError:
+        raise CliError(f"cannot start {argv[0]!r}: permission denied") from None
+    finally:
+        log.close()
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _stop_child(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _watch_child(argv: list[str], a, parent_argv: list[str], with_probe: bool, what: str) -> int:
+    _check_attach_args(a)
+    log_path = os.path.join(tempfile.gettempdir(), f"gputop-{what}-{os.getpid()}.log")
+    child = _start_child(argv, log_path, with_probe)
+    try:
+        time.sleep(0.3)
+        if child.poll() is not None:
+            raise CliError(f"the {what} command exited at once (code {child.returncode}); its output is in {log_path}")
+        return attach(child.pid, a, parent_argv, child=child)
+    finally:
+        _stop_child(child)
+
+
+def cmd_demo(a, parent_argv) -> int:
+    from gputop.demo.workload import SCENARIOS
+
+    if a.list:
+        for name, what in SCENARIOS.items():
+            print(f"{name:<16} {what}")
+        return 0
+    if a.scenario not in SCENARIOS:
+        raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
+    argv = [sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario]
+    return _watch_child(argv, a, parent_argv, with_probe=True, what="demo")
+
+
+def cmd_run(a, parent_argv) -> int:
+    cmd = list(a.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("gputop run needs a command after --, for example: gputop run -- python train.py")
+    return _watch_child(cmd, a, parent_argv, with_probe=True, what="run")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed its one-line usage error (or --help/--version)
+        return int(e.code or 0)
+    try:
+        if a.command == "replay":
+            return cmd_replay(a)
+        if a.command == "report":
+            return cmd_report(a)
+        if a.command == "demo":
+            return cmd_demo(a, argv)
+        if a.command == "run":
+            return cmd_run(a, argv)
+        if a.pid is None:
+            parser.print_usage(sys.stderr)
+            raise UsageError("nothing to watch: give --pid PID, or a command (demo, run, replay, report)")
+        _check_attach_args(a)
+        return attach(a.pid, a, argv)
+    except UsageError as e:
+        print(f"gputop: error: {e}", file=sys.stderr)
+        return 2
+    except CliError as e:
+        print(f"gputop: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,335 @@
+"""``gputop report FILE [--json]``: what a recorded session looked like, in numbers.
+
+The report is built in one pass over the recording's chunks, aggregating the columnar data
+directly (no Sample objects for the high-rate kinds), so a one-hour recording is summarised in
+well under a second. Later layers add *sections* (Python stacks, probe timings, verdicts): each
+declares the sample kinds it needs and gets just those samples. docs/report.md documents the
+JSON shape; fields are only ever added, and ``report_version`` bumps if one changes meaning.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from gputop.derive.stats import is_number, summarize
+from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
+                          KIND_TARGET, MetricSpec, Sample)
+from gputop.session.recording import RecordingReader
+from gputop.sources import metric_specs
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """A part of the report that a later layer adds (stacks, probe, verdicts).
+
+    ``build`` gets the samples of ``kinds`` (time-ordered) and the report so far, and returns a
+    JSON-able dict (or None to leave the section out). ``text`` renders it for humans.
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    build: Callable[[list[Sample], dict], dict | None]
+    text: Callable[[dict], list[str]] | None = None
+
+
+SECTIONS: list[ReportSection] = []
+
+
+def register_section(section: ReportSection) -> None:
+    SECTIONS[:] = [s for s in SECTIONS if s.name != section.name] + [section]
+
+
+def _specs_by_field() -> dict[tuple[str, str], MetricSpec]:
+    return {(m.kind, m.field): m for m in metric_specs()}
+
+
+class _Agg:
+    """Numeric columns per (kind, key, field), collected chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+        self.last: dict[tuple[str, str], dict] = {}
+        self.tree_ticks: dict[float, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # t -> cpu, rss, n
+
+    def add(self, kind: str, key: str, ts: list, cols: dict) -> None:
+        if kind in (KIND_GPU, KIND_SYSTEM):
+            dst = self.values[(kind, key)]
+            for name, col in cols.items():
+                nums = [v for v in col if is_number(v)]
+                if nums:
+                    dst[name].extend(nums)
+        if kind == KIND_PROC:
+            # The tree's total per host tick: samples of one tick share a timestamp (to 50 ms).
+            cpu, rss = cols.get("cpu_pct", []), cols.get("rss", [])
+            for i, t in enumerate(ts):
+                tick = self.tree_ticks[round(t * 20) / 20]
+                c = cpu[i] if i < len(cpu) else None
+                r = rss[i] if i < len(rss) else None
+                if is_number(c):
+                    tick[0] += c
+                if is_number(r):
+                    tick[1] += r
+                tick[2] += 1
+            dst = self.values[(kind, key)]
+            for name in ("cpu_pct", "rss"):
+                dst[name].extend(v for v in cols.get(name, []) if is_number(v))
+        if ts:
+            last = {name: col[-1] for name, col in cols.items()}
+            prev = self.last.get((kind, key))
+            if prev is not None and kind in (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET):
+                # Keep fields a later sample left out (None), e.g. a partial info update.
+                last = {**prev, **{k: v for k, v in last.items() if v is not None}}
+            self.last[(kind, key)] = last
+
+
+def _metrics(kind: str, cols: dict[str, list], specs: dict) -> dict:
+    out = {}
+    for name in sorted(cols):
+        spec = specs.get((kind, name))
+        if spec is not None and not spec.aggregate:
+            continue
+        stats = summarize(cols[name])
+        if stats["n"] == 0:
+            continue
+        stats["unit"] = spec.unit if spec else ""
+        out[name] = stats
+    return out
+
+
+def build_report(path: str) -> dict:
+    """The report of a recording as a JSON-able dict. Raises RecordingError for bad files."""
+    specs = _specs_by_field()
+    agg = _Agg()
+    want_kinds = {k for s in SECTIONS for k in s.kinds}
+    section_samples: list[Sample] = []
+    health_worst: dict[str, dict] = {}
+    clock_events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    gpu_rows: dict[str, int] = defaultdict(int)
+    n_samples = 0
+    t_first, t_last = math.inf, -math.inf
+
+    with RecordingReader(path) as reader:
+        meta = dict(reader.meta)
+        index = reader.index
+        for ref in index.chunks:
+            for kind, key, ts, cols in reader.read_series(ref):
+                n_samples += len(ts)
+                if ts:
+                    t_first, t_last = min(t_first, ts[0], ts[-1]), max(t_last, ts[0], ts[-1])
+                agg.add(kind, key, ts, cols)
+                if kind == KIND_GPU:
+                    gpu_rows[key] += len(ts)
+                    for evs in cols.get("clock_events", []):
+                        if isinstance(evs, list):
+                            for ev in evs:
+                                if isinstance(ev, str):
+                                    clock_events[key][ev] += 1
+                elif kind == KIND_HEALTH:
+                    for state, msg in zip(cols.get("state", []), cols.get("message", [])):
+                        rank = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}.get(state, 0)
+                        if rank >= health_worst.get(key, {}).get("_rank", -1):
+                            health_worst[key] = {"_rank": rank, "state": state, "message": msg}
+                if kind in want_kinds:
+                    names = list(cols)
+                    for i, t in enumerate(ts):
+                        section_samples.append(Sample(float(t), kind, key, {n: cols[n][i] for n in names}))
+        truncated, clean_end = index.truncated, index.end is not None
+
+    duration = (t_last - t_first) if n_samples else 0.0
+    start_wall = meta.get("start_wall")
+    report: dict = {
+        "report_version": REPORT_VERSION,
+        "session": {
+            "file": path,
+            "gputop_version": meta.get("gputop_version"),
+            "format": meta.get("format"),
+            "host": meta.get("host"),
+            "target": meta.get("target"),
+            "start_wall": start_wall,
+            "start_iso": _iso(start_wall),
+            "duration_s": round(duration, 3),
+            "samples": n_samples,
+            "clean_end": clean_end,
+            "truncated": truncated,
+            "rates": {name: (src or {}).get("rates") for name, src in (meta.get("sources") or {}).items()
+                      if isinstance(src, dict) and src.get("rates")},
+        },
+        "sources": {k: {"state": v["state"], "message": v["message"]} for k, v in sorted(health_worst.items())},
+        "gpus": [],
+        "host": {},
+    }
+
+    for key in sorted({k for (kind, k) in agg.values if kind == KIND_GPU} | {k for (kind, k) in agg.last if kind == KIND_GPU_INFO},
+                      key=_num_key):
+        info = agg.last.get((KIND_GPU_INFO, key), {})
+        rows = gpu_rows.get(key, 0)
+        report["gpus"].append({
+            "index": _num_key(key),
+            "name": info.get("name"),
+            "uuid": info.get("uuid"),
+            "driver": info.get("driver"),
+            "watched": info.get("watched"),
+            "gpm": info.get("gpm"),
+            "na": info.get("na") or {},
+            "metrics": _metrics(KIND_GPU, agg.values.get((KIND_GPU, key), {}), specs),
+            "clock_events_share": {ev: round(n / rows, 4) for ev, n in sorted(clock_events.get(key, {}).items())} if rows else {},
+        })
+
+    host: dict = {}
+    if (KIND_SYSTEM, "host") in agg.values:
+        host["system"] = {"metrics": _metrics(KIND_SYSTEM, agg.values[(KIND_SYSTEM, "host")], specs)}
+    if agg.tree_ticks:
+        ticks = agg.tree_ticks.values()
+        host["target_tree"] = {"metrics": {
+            "cpu_pct": {**summarize(t[0] for t in ticks), "unit": "%"},
+            "rss": {**summarize(t[1] for t in ticks), "unit": "B"},
+            "processes": {**summarize(t[2] for t in ticks), "unit": ""},
+        }}
+    procs = []
+    for (kind, key), cols in agg.values.items():
+        if kind != KIND_PROC:
+            continue
+        info = agg.last.get((KIND_PROC_INFO, key)) or agg.last.get((KIND_PROC, key), {})
+        cpu, rss = summarize(cols.get("cpu_pct", [])), summarize(cols.get("rss", []))
+        procs.append({"pid": _num_key(key), "name": info.get("name"), "role": info.get("role"),
+                      "cpu_pct_mean": cpu["mean"], "cpu_pct_max": cpu["max"], "rss_max": rss["max"]})
+    if procs:
+        procs.sort(key=lambda p: -(p["cpu_pct_mean"] or 0))
+        host["processes"] = procs
+    target = agg.last.get((KIND_TARGET, str((meta.get("target") or {}).get("pid"))))
+    if target:
+        host["target_state"] = target.get("state")
+    report["host"] = host
+
+    for section in SECTIONS:
+        mine = [s for s in section_samples if s.kind in section.kinds]
+        mine.sort(key=lambda s: s.t)
+        try:
+            got = section.build(mine, report)
+        except Exception as e:  # one broken section must not hide the rest of the report
+            got = {"error": f"{type(e).__name__}: {e}"}
+        if got is not None:
+            report[section.name] = got
+    return report
+
+
+def _num_key(key):
+    try:
+        return int(key)
+    except (TypeError, ValueError):
+        return key
+
+
+def _iso(wall) -> str | None:
+    if not is_number(wall):
+        return None
+    return _dt.datetime.fromtimestamp(wall, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text rendering: plain text a person can paste into a ticket.
+
+def fmt_value(v, unit: str) -> str:
+    if v is None:
+        return "n/a"
+    if unit == "B":
+        return fmt_bytes(v)
+    if unit == "B/s":
+        return fmt_bytes(v) + "/s"
+    if unit in ("%",):
+        return f"{v:.1f}%"
+    if abs(v) >= 100:
+        s = f"{v:.0f}"
+    elif abs(v) >= 10:
+        s = f"{v:.1f}"
+    else:
+        s = f"{v:.2f}"
+    return f"{s} {unit}".rstrip()
+
+
+def fmt_bytes(v: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024.0
+    return f"{v:.1f} TiB"
+
+
+def _metric_table(metrics: dict, specs: dict, kind: str) -> list[str]:
+    rows = []
+    for name, st in metrics.items():
+        spec = specs.get((kind, name))
+        label = spec.label if spec else name
+        unit = st.get("unit", "")
+        rows.append((label, name, *(fmt_value(st.get(k), unit) for k in ("mean", "p50", "p95", "max"))))
+    if not rows:
+        return ["  (no samples)"]
+    w0 = max(len(r[0]) for r in rows)
+    out = [f"  {'metric':<{w0}}  {'mean':>11} {'p50':>11} {'p95':>11} {'max':>11}"]
+    out += [f"  {r[0]:<{w0}}  {r[2]:>11} {r[3]:>11} {r[4]:>11} {r[5]:>11}" for r in rows]
+    return out
+
+
+def render_text(report: dict) -> str:
+    specs = _specs_by_field()
+    s = report["session"]
+    target = s.get("target") or {}
+    cmd = " ".join(target.get("cmdline") or []) or target.get("name") or "?"
+    lines = [
+        f"gputop report — {s['file']}",
+        f"  target   PID {target.get('pid', '?')}: {cmd}",
+        f"  host     {s.get('host')}   started {s.get('start_iso')}   duration {s['duration_s']:.1f} s   "
+        f"gputop {s.get('gputop_version')}",
+    ]
+    if s.get("truncated") or not s.get("clean_end"):
+        lines.append("  note     the recording did not end cleanly (gputop was killed, or it is still "
+                     "being written): it covers up to its last complete second")
+    for name, h in report.get("sources", {}).items():
+        if h["state"] != "ok":
+            lines.append(f"  source   {name}: {h['state']} — {h['message']}")
+    for sec in SECTIONS:
+        if sec.name in report and sec.text and sec.name in ("verdicts",):
+            lines.append("")
+            lines.extend(sec.text(report[sec.name]))
+    for g in report["gpus"]:
+        lines.append("")
+        flag = "" if g.get("watched") in (None, True) else " (not used by the target)"
+        lines.append(f"GPU {g['index']}: {g.get('name') or '?'}{flag}")
+        lines.extend(_metric_table(g["metrics"], specs, KIND_GPU))
+        if g.get("clock_events_share"):
+            evs = ", ".join(f"{k} {v * 100:.0f}%" for k, v in g["clock_events_share"].items())
+            lines.append(f"  clock events (share of samples): {evs}")
+        for fld, why in (g.get("na") or {}).items():
+            lines.append(f"  n/a {fld}: {why}")
+    host = report.get("host") or {}
+    if "system" in host:
+        lines.append("")
+        lines.append("Host")
+        lines.extend(_metric_table(host["system"]["metrics"], specs, KIND_SYSTEM))
+    if "target_tree" in host:
+        lines.append("")
+        lines.append("Target process tree (sum over processes)")
+        lines.extend(_metric_table(host["target_tree"]["metrics"], {}, KIND_PROC))
+    if host.get("processes"):
+        lines.append("")
+        lines.append(f"  {'pid':>7}  {'role':<18} {'name':<16} {'cpu mean':>9} {'cpu max':>8} {'rss max':>10}")
+        for p in host["processes"][:12]:
+            lines.append(f"  {p['pid']:>7}  {(p.get('role') or '-'):<18} {(p.get('name') or '?')[:16]:<16} "
+                         f"{fmt_value(p['cpu_pct_mean'], '%'):>9} {fmt_value(p['cpu_pct_max'], '%'):>8} "
+                         f"{fmt_value(p['rss_max'], 'B'):>10}")
+    if host.get("target_state") == "exited":
+        lines.append("  the target exited during the session")
+    for sec in SECTIONS:
+        if sec.name in report and sec.name != "verdicts":
+            lines.append("")
+            if sec.text:
+                lines.extend(sec.text(report[sec.name]))
+            else:
+                lines.append(f"{sec.name}: {report[sec.name]}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install gputop and its test dependencies into .venv, then run the whole test suite.
+# Extra arguments go to pytest (for example: bash scripts/test.sh -k recording).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+# torch runs only inside the user's process; the tests of the probe and of DataLoader workers
+# need it. 2.13.0 is the CPU build on the CI machine's local disk (a looser pin pulls a CUDA build).
+pip install -q torch==2.13.0 numpy
+pip install -q -e '.[test]'
+python -m pytest "$@"
