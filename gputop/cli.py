@@ -115,13 +115,15 @@ def _check_attach_args(a: argparse.Namespace) -> None:
 
 
 def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record_path: str | None):
+    from gputop.sources.target import Target
+
+    target = Target(pid)  # first: a bad PID is reported before anything else starts
+
     from gputop.session.recording import Recorder, RecordingError, RecordingWriter
     from gputop.session.session import LiveSession, SessionClock, base_meta
     from gputop.sources.host import HostSource
     from gputop.sources.nvml import NvmlSource
-    from gputop.sources.target import Target
 
-    target = Target(pid)
     clock = SessionClock()
     sources = [
         NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval),

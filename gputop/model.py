@@ -28,6 +28,7 @@ KIND_GPU_INFO = "gpu_info"      # static facts + unsupported fields (with reason
 KIND_GPU_PROCS = "gpu_procs"    # GPU memory of each target-tree process on one GPU
 KIND_SYSTEM = "system"          # host-wide CPU / memory / swap / cgroup, key = "host"
 KIND_PROC = "proc"              # one process of the target tree, key = PID
+KIND_PROC_INFO = "proc_info"    # once per newly seen process: name, cmdline, role, key = PID
 KIND_THREAD = "thread"          # one thread of the target's main process, key = "PID:TID"
 KIND_TARGET = "target"          # the target's identity and life: started / exited
 KIND_HEALTH = "health"          # one source's health, key = source name

@@ -1,0 +1,96 @@
+"""The command line: every bad input ends in one clear line and a non-zero exit code."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import gputop
+from gputop.session.recording import FORMAT_MAJOR, MAGIC
+
+
+def gputop_cmd(*args, timeout=60, **kw):
+    return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+
+def assert_one_line_error(r, code, *words):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    err = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("gputop: error:")]
+    assert len(err) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for w in words:
+        assert w in err[0], err[0]
+
+
+def test_version_and_help():
+    r = gputop_cmd("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"gputop {gputop.__version__}"
+    r = gputop_cmd("--help")
+    assert r.returncode == 0
+    assert "examples:" in r.stdout and "gputop --pid 1234" in r.stdout and "gputop demo" in r.stdout
+
+
+def test_nothing_to_watch():
+    assert_one_line_error(gputop_cmd(), 2, "--pid")
+
+
+@pytest.mark.parametrize("value", ["0.01", "11", "-1"])
+def test_interval_out_of_range(value):
+    assert_one_line_error(gputop_cmd("--pid", "1", "--interval", value), 2, "--interval", "0.1", "10")
+
+
+def test_headless_needs_duration():
+    assert_one_line_error(gputop_cmd("--pid", "1", "--headless"), 2, "--duration")
+
+
+def test_pid_that_does_not_exist():
+    assert_one_line_error(gputop_cmd("--pid", "4194303", "--headless", "--duration", "1"), 1, "no process with PID 4194303")
+
+
+def test_without_a_terminal_the_ui_says_use_headless():
+    r = gputop_cmd("--pid", str(__import__("os").getpid()))
+    assert_one_line_error(r, 1, "--headless")
+
+
+def test_report_missing_file(tmp_path):
+    assert_one_line_error(gputop_cmd("report", str(tmp_path / "nope.gtrec")), 1, "no such file")
+
+
+def test_report_not_a_recording(tmp_path):
+    p = tmp_path / "notes.txt"
+    p.write_text("just some text\n" * 20)
+    assert_one_line_error(gputop_cmd("report", str(p)), 1, "not a gputop recording")
+
+
+def test_report_newer_format(tmp_path):
+    p = tmp_path / "future.gtrec"
+    p.write_bytes(MAGIC + struct.pack("<HHI", FORMAT_MAJOR + 1, 0, 0) + b"\0" * 100)
+    assert_one_line_error(gputop_cmd("report", str(p)), 1, "newer", "upgrade gputop")
+
+
+def test_replay_without_a_terminal(tmp_path):
+    p = tmp_path / "notes.txt"
+    p.write_text("x")
+    assert_one_line_error(gputop_cmd("replay", str(p)), 1)
+
+
+def test_replay_speed_out_of_range(tmp_path):
+    assert_one_line_error(gputop_cmd("replay", "x.gtrec", "--speed", "100"), 2, "--speed")
+
+
+def test_demo_list_and_unknown_scenario():
+    r = gputop_cmd("demo", "--list")
+    assert r.returncode == 0 and "default" in r.stdout
+    assert_one_line_error(gputop_cmd("demo", "--scenario", "nope", "--headless", "--duration", "1"), 2, "unknown scenario")
+
+
+def test_run_without_a_command():
+    assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1"), 2, "needs a command")
+
+
+def test_run_a_program_that_does_not_exist():
+    assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1", "--", "/no/such/program"), 1, "no such program")

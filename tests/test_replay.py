@@ -1,0 +1,166 @@
+"""Replay mechanics: the clock, seeking, speed limits, processors re-run, a growing file.
+
+These tests use a recording written by the real writer with simple counter samples: what is
+tested is the replay clock, not the meaning of the numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.model import Sample
+from gputop.session.recording import RecordingWriter
+from gputop.session.replay import RECORDED_SUFFIX, ReplaySession
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def _write(path, seconds=120, end=True):
+    w = RecordingWriter(str(path), {"target": {"pid": 42}})
+    for sec in range(seconds):
+        batch = [Sample(sec + i / 10, "gpu", "0", {"i": sec * 10 + i}) for i in range(10)]
+        batch.append(Sample(sec + 0.5, "verdict", "x", {"from_file": sec}))
+        w.write_samples(batch)
+    if end:
+        w.close({"clean": True})
+    return w
+
+
+class CountingProcessor:
+    name = "counter"
+    produces = ("verdict",)
+    interval_s = 1.0
+
+    def __init__(self):
+        self.calls = []
+        self.resets = 0
+
+    def process(self, store, now):
+        self.calls.append(now)
+        last = store.latest("gpu", "0")
+        return [Sample(now, "verdict", "x", {"recomputed": last.data["i"] if last else None})]
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_plays_at_speed_and_stops_at_end(tmp_path):
+    _write(tmp_path / "r.gtrec")
+    clock = FakeClock()
+    s = ReplaySession(str(tmp_path / "r.gtrec"), clock=clock)
+    assert s.position == s.t_start == 0.0
+    s.tick()                  # first tick only starts the clock
+    clock.t += 2.0
+    s.tick()
+    assert s.position == pytest.approx(2.0)
+    assert s.store.latest("gpu", "0").data["i"] == 20
+    s.set_speed(16)
+    clock.t += 10
+    s.tick()
+    assert s.position == s.t_end  # clamped at the end
+    assert not s.playing          # a finished recording stops at its end
+    s.set_speed(100)
+    assert s.speed == 16
+    s.set_speed(0.01)
+    assert s.speed == 0.25
+
+
+def test_faster_slower_walk_the_speed_ladder(tmp_path):
+    _write(tmp_path / "r.gtrec", seconds=5)
+    s = ReplaySession(str(tmp_path / "r.gtrec"))
+    seen = []
+    for _ in range(8):
+        s.faster()
+        seen.append(s.speed)
+    assert seen == [2, 4, 8, 16, 16, 16, 16, 16]
+    for _ in range(9):
+        s.slower()
+    assert s.speed == 0.25
+
+
+def test_seek_back_rebuilds_the_store_and_resets_processors(tmp_path):
+    _write(tmp_path / "r.gtrec")
+    proc = CountingProcessor()
+    s = ReplaySession(str(tmp_path / "r.gtrec"), processors=[proc], start_playing=False)
+    s.seek(90)
+    assert s.store.latest("gpu", "0").data["i"] == 900
+    oldest = s.store.series("gpu", "0")[0]
+    assert oldest.t >= 90 - s.seek_window_s
+    resets = proc.resets
+    s.seek_relative(-60)
+    assert s.position == 30
+    assert proc.resets == resets + 1
+    assert s.store.latest("gpu", "0").data["i"] == 300
+    assert all(x.t <= 30 for x in s.store.series("gpu", "0"))
+    s.seek(-5)
+    assert s.position == s.t_start
+    s.seek(10_000)
+    assert s.position == s.t_end
+
+
+def test_processors_rerun_and_recorded_kinds_are_kept_apart(tmp_path):
+    _write(tmp_path / "r.gtrec", seconds=20)
+    proc = CountingProcessor()
+    s = ReplaySession(str(tmp_path / "r.gtrec"), processors=[proc], start_playing=False)
+    s.seek(10)
+    recomputed = s.store.latest("verdict", "x")
+    recorded = s.store.latest("verdict" + RECORDED_SUFFIX, "x")
+    assert recomputed.data == {"recomputed": 100}
+    assert recorded.data == {"from_file": 9}
+
+
+def test_processors_see_the_same_windows_at_any_speed(tmp_path):
+    _write(tmp_path / "r.gtrec", seconds=30)
+    runs = []
+    for speed, step in ((1.0, 0.1), (16.0, 0.5)):
+        clock = FakeClock()
+        proc = CountingProcessor()
+        s = ReplaySession(str(tmp_path / "r.gtrec"), processors=[proc], clock=clock)
+        s.set_speed(speed)
+        s.tick()
+        while s.playing:
+            clock.t += step
+            s.tick()
+        runs.append([round(c, 6) for c in proc.calls])
+    assert runs[0] == runs[1]
+    assert len(runs[0]) >= 29
+
+
+def test_step_pauses_and_moves_one_second(tmp_path):
+    _write(tmp_path / "r.gtrec", seconds=10)
+    s = ReplaySession(str(tmp_path / "r.gtrec"))
+    assert s.playing
+    s.step()
+    assert not s.playing and s.position == 1.0
+    s.step(-1.0)
+    assert s.position == 0.0
+
+
+def test_follows_a_file_still_being_written(tmp_path):
+    path = tmp_path / "live.gtrec"
+    w = RecordingWriter(str(path), {"a": 1})
+    w.write_samples([Sample(0.0, "gpu", "0", {"i": 0}), Sample(1.0, "gpu", "0", {"i": 1})])
+    clock = FakeClock()
+    s = ReplaySession(str(path), clock=clock)
+    assert s.growing
+    s.tick()
+    clock.t += 5
+    s.tick()
+    assert s.position == 1.0 and s.playing  # waits at the end of a growing file
+    w.write_samples([Sample(2.0, "gpu", "0", {"i": 2}), Sample(3.0, "gpu", "0", {"i": 3})])
+    clock.t += 5
+    s.tick()
+    assert s.t_end == 3.0
+    clock.t += 5
+    s.tick()
+    assert s.store.latest("gpu", "0").data["i"] == 3
+    w.close()
+    clock.t += 1
+    s.tick()
+    assert not s.growing
