@@ -297,6 +297,15 @@ def _start_child(argv: list[str], log_path: str, with_probe: bool) -> subprocess
         log.close()
 
 
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            lines = [ln.strip() for ln in f.read()[-4000:].decode(errors="replace").splitlines() if ln.strip()]
+        return f": {lines[-1]}" if lines else ""
+    except OSError:
+        return ""
+
+
 def _die_with_parent() -> None:
     import ctypes
 
@@ -324,7 +333,8 @@ def _watch_child(argv: list[str], a, parent_argv: list[str], with_probe: bool, w
     try:
         time.sleep(0.3)
         if child.poll() is not None:
-            raise CliError(f"the {what} command exited at once (code {child.returncode}); its output is in {log_path}")
+            raise CliError(f"the {what} command exited at once (code {child.returncode}){_last_line(log_path)}; "
+                           f"its output is in {log_path}")
         return attach(child.pid, a, parent_argv, child=child)
     finally:
         _stop_child(child)
@@ -334,13 +344,32 @@ def cmd_demo(a, parent_argv) -> int:
     from gputop.demo.workload import SCENARIOS
 
     if a.list:
-        for name, what in SCENARIOS.items():
-            print(f"{name:<16} {what}")
+        for name, sc in SCENARIOS.items():
+            need = " (needs a GPU)" if sc.needs_gpu else ""
+            expect = f" -> {sc.expect}" if sc.expect else ""
+            print(f"{name:<22} {sc.about}{need}{expect}")
         return 0
     if a.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
+    if SCENARIOS[a.scenario].needs_gpu and _nvidia_gpu_count() == 0:
+        cpu_ok = ", ".join(n for n, s in SCENARIOS.items() if not s.needs_gpu)
+        raise CliError(f"scenario {a.scenario} needs an NVIDIA GPU and this machine has none: "
+                       f"try one of {cpu_ok}")
     argv = [sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario]
     return _watch_child(argv, a, parent_argv, with_probe=True, what="demo")
+
+
+def _nvidia_gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: no GPU to use
+        return 0
 
 
 def cmd_run(a, parent_argv) -> int:
