@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Everything gputop measures on the H200 test machine, in one go.
+#
+# From the repository root on the GPU machine (after the install line of shared/h200/README.md):
+#     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
+# Phases: env nvml host cost fixtures scenarios stacks probe ranks
+# Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
+# table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
+set -u
+OUT=${OUT:-/tmp/gputop-out}
+RES=$OUT/h200
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+SUMMARY=$RES/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+phase_env() {
+  local d=$RES/env; mkdir -p "$d"
+  {
+    date -u; uname -a; nproc; free -m; df -h /tmp | tail -1
+    nvidia-smi || true
+    nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80 || true
+    $PY -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+    $PY -c "import pynvml; print('nvidia-ml-py', getattr(pynvml, '__version__', '?'))" 2>&1
+    py-spy --version; $PY -m gputop --version
+    echo "--- cgroups"; cat /proc/self/cgroup; mount | grep cgroup; ls /sys/fs/cgroup | head -30
+    echo "--- pressure"; ls /proc/pressure && cat /proc/pressure/memory /proc/pressure/io /proc/pressure/cpu
+    echo "--- swap"; cat /proc/swaps
+    echo "--- ptrace"; cat /proc/sys/kernel/yama/ptrace_scope 2>&1
+  } > "$d/env.txt" 2>&1
+  note "env: $(grep -m1 -o 'NVIDIA H[0-9]*[^|]*' "$d/env.txt" | head -1) | $(nproc) cores | $(grep -m1 '^python' "$d/env.txt")"
+}
+
+phase_nvml() {
+  local d=$RES/nvml; mkdir -p "$d"
+  timeout 120 $PY benchmarks/nvml_check.py "$d" > "$d/log.txt" 2>&1; echo "nvml_check rc=$?" >> "$d/log.txt"
+  tail -40 "$d/log.txt"
+}
+
+phase_host() {
+  local d=$RES/host; mkdir -p "$d"
+  timeout 120 $PY benchmarks/host_cost.py "$d" > "$d/log.txt" 2>&1; echo "host_cost rc=$?" >> "$d/log.txt"
+  tail -15 "$d/log.txt"
+}
+
+phase_cost() {
+  # gputop's own CPU with the NVML and host sources (issue 2), then with everything (issue 3)
+  local d=$RES/cost; mkdir -p "$d"
+  timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
+      --gputop-args "--no-stacks" --label spine-gpu_bound > "$d/spine.txt" 2>&1
+  tail -8 "$d/spine.txt" | tee -a "$SUMMARY"
+}
+
+# run_headless NAME SECONDS EXTRA_GPUTOP_ARGS... : start scenario NAME, attach gputop headless,
+# record into $2's folder. Used for the committed fixtures and for the scenario proofs.
+run_headless() {
+  local name=$1 secs=$2 dir=$3; shift 3
+  mkdir -p "$dir"
+  rm -f "$dir/$name.gtrec"
+  $PY -m gputop.demo.workload --scenario "$name" --report-every 0.5 > "$dir/$name.rates" 2> "$dir/$name.workload.err" &
+  local w=$!
+  sleep "${WARMUP:-4}"
+  $PY -m gputop --pid $w --headless --duration "$secs" --record "$dir/$name.gtrec" --json "$@" \
+      > "$dir/$name.json" 2> "$dir/$name.gputop.err"
+  echo "gputop rc=$?" >> "$dir/$name.gputop.err"
+  kill $w 2>/dev/null; wait $w 2>/dev/null
+}
+
+phase_fixtures() {
+  local d=$RES/fixtures
+  for s in gpu_bound input_bound; do
+    run_headless $s 20 "$d"
+    note "fixture $s: $(ls -l "$d/$s.gtrec" 2>/dev/null | awk '{print $5}') bytes"
+  done
+}
+
+phase_scenarios() {
+  local d=$RES/scenarios
+  for s in ${SCENARIOS:-gpu_bound input_bound h2d_copy_bound launch_bound gil_contention sync_stall memory_bound host_memory_pressure gpu_idle}; do
+    run_headless $s 30 "$d"
+    note "scenario $s: $($PY - "$d/$s.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no report:", e); raise SystemExit
+pv = r.get("primary_verdict") or {}
+print(pv.get("id"), "| first verdict at", pv.get("first_seen_s"), "s")
+PY
+)"
+  done
+}
+
+phase_stacks() {
+  local d=$RES/stacks; mkdir -p "$d"
+  [ -f benchmarks/gil_accuracy.py ] && timeout 240 $PY benchmarks/gil_accuracy.py "$d" > "$d/gil.txt" 2>&1
+  [ -f benchmarks/stacks_overhead.py ] && timeout 240 $PY benchmarks/stacks_overhead.py "$d" > "$d/overhead.txt" 2>&1
+  tail -12 "$d/gil.txt" "$d/overhead.txt" 2>/dev/null | tee -a "$SUMMARY"
+}
+
+phase_probe() {
+  local d=$RES/probe; mkdir -p "$d"
+  [ -f benchmarks/probe_overhead.py ] && timeout 240 $PY benchmarks/probe_overhead.py "$d" > "$d/overhead.txt" 2>&1
+  [ -f benchmarks/probe_accuracy.py ] && timeout 240 $PY benchmarks/probe_accuracy.py "$d" > "$d/accuracy.txt" 2>&1
+  tail -12 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
+}
+
+phases=${*:-env nvml host cost fixtures}
+for p in $phases; do
+  echo "=== phase $p ($(date -u +%T))"
+  "phase_$p"
+done
+tar -czf "$OUT/h200.tgz" -C "$OUT" h200
+echo "=== summary"; cat "$SUMMARY"
