@@ -147,6 +147,23 @@ class SampleStore:
                     out[k] = got
             return out
 
+    def latest_value(self, kind: str, key: str, name: str, max_age_s: float = 1.0):
+        """The newest non-None value of one field, if it is at most ``max_age_s`` older than the
+        newest sample of that series. Fields that are measured less often than their series is
+        sampled (GPM counters: >= 100 ms apart, on about 60% of 10 Hz samples) need this."""
+        with self._lock:
+            dq = self._series.get(kind, {}).get(key)
+            if not dq:
+                return None
+            newest = dq[-1].t
+            for s in reversed(dq):
+                if newest - s.t > max_age_s:
+                    return None
+                v = s.data.get(name)
+                if v is not None:
+                    return v
+            return None
+
     def values(self, kind: str, key: str, name: str, since: float | None = None) -> list[tuple[float, object]]:
         """(t, value) pairs of one field, skipping samples where it is None."""
         return [(s.t, v) for s in self.series(kind, key, since) if (v := s.data.get(name)) is not None]

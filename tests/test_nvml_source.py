@@ -1,0 +1,321 @@
+"""The NVML source: the no-driver path for real, and its pure logic with real pynvml types.
+
+This machine has no NVIDIA driver, so the no-driver tests run the real source end to end. The
+tests marked ``needs_driver`` run only where libnvidia-ml.so.1 loads (the H200 machine:
+``python3 -m pytest tests/test_nvml_source.py``); benchmarks/nvml_check.py measures the rest.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pynvml as nv
+import pytest
+
+from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH, MetricSpec
+from gputop.session.session import SessionClock
+from gputop.sources import nvml
+from gputop.sources.nvml import (
+    CLOCK_EVENT_BITS, CLOCK_EVENT_WORDS, GPM_FIELDS, GPM_METRICS, GPM_MIN_GAP_S, GPU_FIELDS, METRICS,
+    GpmGate, NvmlSource, decode_clock_events, init_failure_message, is_permanent, jittered_gap,
+    kbps_to_mibs, nvml_reason,
+)
+from gputop.sources.target import Target
+
+
+def _driver_present() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+HAVE_DRIVER = _driver_present()
+no_driver = pytest.mark.skipif(HAVE_DRIVER, reason="an NVIDIA driver is installed: the no-driver path cannot happen here")
+needs_driver = pytest.mark.skipif(not HAVE_DRIVER, reason="no NVIDIA driver on this machine (run on the GPU machine)")
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.samples = []
+        self.lock = threading.Lock()
+
+    def __call__(self, sample) -> None:
+        with self.lock:
+            self.samples.append(sample)
+
+    def of(self, kind: str) -> list:
+        with self.lock:
+            return [s for s in self.samples if s.kind == kind]
+
+    def wait_for(self, kind: str, timeout: float = 5.0, n: int = 1) -> list:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            got = self.of(kind)
+            if len(got) >= n:
+                return got
+            time.sleep(0.02)
+        return self.of(kind)
+
+
+def _nvml_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("gputop-nvml")]
+
+
+@pytest.fixture
+def sleeper():
+    """A real Python process to be the target."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# No driver: the real source, end to end
+
+@no_driver
+@pytest.mark.parametrize("with_target", [False, True])
+def test_no_driver_publishes_one_clear_failure_and_nothing_else(sleeper, with_target):
+    target = Target(sleeper.pid) if with_target else None
+    src = NvmlSource(SessionClock(), target=target, gpu_indices=[0] if with_target else None)
+    got = Collect()
+    t0 = time.monotonic()
+    src.start(got)
+    assert time.monotonic() - t0 < 0.5, "start() must return at once"
+    health = got.wait_for(KIND_HEALTH)
+    time.sleep(0.3)  # anything else it would publish has had time to show up
+    assert health, "no health sample: the user would not learn why the GPU panels are empty"
+    h = health[0]
+    assert h.key == "nvml"
+    assert h.data["state"] == "failed"
+    msg = h.data["message"]
+    assert "no NVIDIA driver" in msg and "libnvidia-ml.so.1" in msg
+    assert "host and Python panels still work" in msg
+    assert "Traceback" not in msg and "\n" not in msg
+    assert not got.of(KIND_GPU) and not got.of(KIND_GPU_INFO) and not got.of(KIND_GPU_PROCS)
+
+    t0 = time.monotonic()
+    src.stop()
+    assert time.monotonic() - t0 < 1.0, "stop() must return quickly"
+    assert not _nvml_threads(), "the source's threads outlived stop()"
+    d = src.describe()
+    assert d["state"] == "failed" and d["gpus"] == []
+    json.dumps(d)  # goes into the recording's metadata
+
+
+@no_driver
+def test_no_driver_failure_is_repeated_so_a_bounded_store_keeps_it(monkeypatch):
+    # The store forgets samples older than its horizon: the failure must come back periodically.
+    monkeypatch.setattr(nvml, "HEALTH_EVERY_S", 0.2)
+    src = NvmlSource(SessionClock())
+    got = Collect()
+    src.start(got)
+    health = got.wait_for(KIND_HEALTH, timeout=3.0, n=3)
+    src.stop()
+    assert len(health) >= 3
+    assert all(h.data["state"] == "failed" for h in health)
+    assert health[-1].t > health[0].t
+
+
+def test_sampling_with_every_nvml_call_failing_gives_none_never_zero_or_an_exception():
+    # Without nvmlInit, every pynvml call really raises NVMLError_Uninitialized: the readings of
+    # a GPU must all come back None, counted as transient errors, never raised, never 0.
+    src = NvmlSource(SessionClock())
+    got = Collect()
+    src._emit_fn = got
+    gpu = nvml._Gpu(0, nv.c_nvmlDevice_t())
+    gpu.watched = True
+    src._gpus = [gpu]
+    data = src._gpu_sample(gpu)
+    assert set(data) == set(GPU_FIELDS)
+    assert all(v is None for v in data.values()), {k: v for k, v in data.items() if v is not None}
+    assert gpu.na == {}, "a transient error must not be reported as 'not supported'"
+    src._slow_tick()  # per-process reads fail the same way: no gpu_procs sample, no exception
+    assert not got.of(KIND_GPU_PROCS)
+    src._update_health(force=True)
+    h = got.of(KIND_HEALTH)[-1]
+    assert h.data["state"] == "degraded"
+    assert "NVML not initialised" in h.data["message"] and "GPU 0" in h.data["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure logic with real pynvml types
+
+def test_clock_events_decode_from_pynvml_bits():
+    mask = nv.nvmlClocksEventReasonSwPowerCap | nv.nvmlClocksEventReasonGpuIdle
+    assert decode_clock_events(mask) == ["gpu_idle", "sw_power_cap"]
+    assert decode_clock_events(nv.nvmlClocksEventReasonHwThermalSlowdown) == ["hw_thermal"]
+    assert decode_clock_events(nv.nvmlClocksThrottleReasonBoardLimit) == ["board_limit"]
+    assert decode_clock_events(0) == []
+    assert decode_clock_events(None) is None
+    # A bit this version does not know is kept, not dropped.
+    assert decode_clock_events(0x4 | 0x8000) == ["sw_power_cap", "unknown_0x8000"]
+    # The measured H200 case: a bf16 GEMM at the 700 W cap read 0x4.
+    assert decode_clock_events(0x4) == ["sw_power_cap"]
+
+
+def test_every_clock_event_bit_matches_pynvml_and_has_words():
+    for bit, name in CLOCK_EVENT_BITS:
+        assert bin(bit).count("1") == 1
+        assert CLOCK_EVENT_WORDS[name] and "\n" not in CLOCK_EVENT_WORDS[name]
+    by_name = dict((n, b) for b, n in CLOCK_EVENT_BITS)
+    assert by_name["sw_power_cap"] == nv.nvmlClocksEventReasonSwPowerCap
+    assert by_name["hw_slowdown"] == nv.nvmlClocksEventReasonHwSlowdown
+    assert by_name["sw_thermal"] == nv.nvmlClocksEventReasonSwThermalSlowdown
+    assert by_name["hw_power_brake"] == nv.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    assert CLOCK_EVENT_WORDS["sw_power_cap"] == "power cap (software)"
+    assert CLOCK_EVENT_WORDS["hw_thermal"] == "thermal slowdown (hardware)"
+    # The UI's built-in names (used before this module loads) are the names we publish.
+    from gputop.ui.sourceinfo import FALLBACK_CLOCK_EVENT_WORDS
+    assert set(FALLBACK_CLOCK_EVENT_WORDS) <= set(CLOCK_EVENT_WORDS)
+
+
+@pytest.mark.parametrize("exc, reason, permanent", [
+    (nv.NVMLError_NotSupported(), "not supported", True),
+    (nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED), "not supported", True),
+    (nv.NVMLError_NoPermission(), "no permission", True),
+    (nv.NVMLError_FunctionNotFound(), "driver too old", True),
+    (nv.NVMLError_ArgumentVersionMismatch(), "driver too old", True),
+    (nv.NVMLLibraryMismatchError("Unversioned function called"), "driver too old", True),
+    (nv.NVMLError_InvalidArgument(), "not supported by this driver", True),
+    (nv.NVMLError_LibraryNotFound(), "no driver", False),
+    (nv.NVMLError_DriverNotLoaded(), "no driver", False),
+    (nv.NVMLError_GpuIsLost(), "GPU is lost", False),
+    (nv.NVMLError_Timeout(), "timed out", False),
+    (nv.NVMLError_Unknown(), "unknown NVML error", False),
+    (nv.NVMLError_NotFound(), "not found", False),
+    (AttributeError("module 'pynvml' has no attribute 'nvmlGpmSampleGet'"), "nvidia-ml-py too old", True),
+])
+def test_nvml_errors_map_to_short_reasons(exc, reason, permanent):
+    assert nvml_reason(exc) == reason
+    assert is_permanent(exc) is permanent
+
+
+def test_errors_raised_by_the_real_library_here():
+    with pytest.raises(nv.NVMLError) as info:
+        nv.nvmlDeviceGetCount()  # not initialised: pynvml raises this itself
+    assert nvml_reason(info.value) == "NVML not initialised"
+    assert not is_permanent(info.value)
+    if not HAVE_DRIVER:
+        with pytest.raises(nv.NVMLError) as info:
+            nv.nvmlInit()
+        msg = init_failure_message(info.value)
+        assert msg.startswith("no NVIDIA driver (libnvidia-ml.so.1 not found)")
+
+
+def test_init_failure_messages_say_what_to_do():
+    assert "kernel module" in init_failure_message(nv.NVMLError_DriverNotLoaded())
+    assert "reboot" in init_failure_message(nv.NVMLError_LibRmVersionMismatch())
+    assert "/dev/nvidia" in init_failure_message(nv.NVMLError_NoPermission())
+    for exc in (nv.NVMLError_DriverNotLoaded(), nv.NVMLError_Unknown(), nv.NVMLError_LibraryNotFound()):
+        assert init_failure_message(exc).endswith("GPU panels are off; host and Python panels still work")
+
+
+def test_gpm_metric_table_uses_the_documented_ids():
+    ids = {field: getattr(nv, const) for field, const in GPM_METRICS}
+    assert ids == {"gr_active": 1, "sm_active": 2, "sm_occupancy": 3, "tensor_active": 5, "dram_bw": 10,
+                   "pcie_tx_mibs": 20, "pcie_rx_mibs": 21, "nvlink_rx_mibs": 60, "nvlink_tx_mibs": 61}
+    assert all(i < nv.NVML_GPM_METRIC_MAX for i in ids.values())
+    assert len(set(ids.values())) == len(ids)
+    # The request struct holds them all.
+    req = nv.c_nvmlGpmMetricsGet_t()
+    assert len(req.metrics) >= len(GPM_METRICS)
+
+
+def test_every_published_field_has_a_metric_spec():
+    specs = {(m.kind, m.field): m for m in METRICS}
+    assert len(specs) == len(METRICS), "duplicate MetricSpec"
+    for f in GPU_FIELDS:
+        assert (KIND_GPU, f) in specs, f"no MetricSpec for gpu.{f}"
+    for m in METRICS:
+        assert isinstance(m, MetricSpec)
+        assert m.label and m.help and "\n" not in m.help and len(m.help) <= 110, m
+    for f in GPM_FIELDS:
+        assert specs[(KIND_GPU, f)].unit in ("%", "MiB/s")
+    assert specs[(KIND_GPU, "power_w")].unit == "W"
+    assert specs[(KIND_GPU, "mem_used")].unit == "B"
+    assert "kernel" in specs[(KIND_GPU, "util_gpu")].help
+
+
+@pytest.mark.parametrize("mean", [0.1, 0.25, 1.0])
+def test_jitter_has_the_interval_as_mean_and_stays_in_bounds(mean):
+    rng = random.Random(1)
+    gaps = [jittered_gap(mean, rng) for _ in range(40000)]
+    assert min(gaps) >= 0.5 * mean
+    assert max(gaps) <= 4.0 * mean
+    assert abs(statistics.fmean(gaps) / mean - 1) < 0.02
+    assert statistics.pstdev(gaps) > 0.3 * mean, "no real jitter: samples could lock onto a training step"
+
+
+def test_gpm_never_sampled_closer_than_100ms_on_a_jittered_10hz_schedule():
+    rng = random.Random(7)
+    gate = GpmGate()
+    t, taken, ticks = 0.0, [], 0
+    for _ in range(20000):
+        t += jittered_gap(0.1, rng)
+        ticks += 1
+        if gate.due(t):
+            gate.taken(t)
+            taken.append(t)
+    gaps = [b - a for a, b in zip(taken, taken[1:])]
+    assert min(gaps) >= GPM_MIN_GAP_S
+    assert GPM_MIN_GAP_S == 0.1
+    # It still yields GPM values on most ticks (measured share printed by nvml_check.py).
+    assert 0.5 < len(taken) / ticks < 0.8
+
+
+def test_pcie_throughput_kb_is_taken_as_1000_bytes():
+    assert kbps_to_mibs(1_048_576) == 1000.0
+    assert kbps_to_mibs(0) == 0.0
+    assert kbps_to_mibs(None) is None
+
+
+def test_import_does_no_work():
+    # Importing the module must not start threads or touch the driver.
+    code = ("import threading, pynvml; import gputop.sources.nvml as m; "
+            "assert not [t for t in threading.enumerate() if t.name.startswith('gputop')]; "
+            "assert pynvml.nvmlLib is None; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# With a driver (the GPU machine)
+
+@needs_driver
+def test_with_a_driver_the_contract_fields_arrive():
+    src = NvmlSource(SessionClock())
+    got = Collect()
+    src.start(got)
+    try:
+        gpu = got.wait_for(KIND_GPU, timeout=10.0, n=10)
+        info = got.wait_for(KIND_GPU_INFO)
+        health = got.wait_for(KIND_HEALTH)
+    finally:
+        src.stop()
+    assert health and health[0].data["state"] in ("ok", "degraded"), health
+    assert info, "no gpu_info"
+    for k in ("index", "name", "uuid", "pci_bus_id", "driver", "nvml_version", "cuda_driver", "mem_total",
+              "power_limit_w", "clock_sm_max_mhz", "clock_mem_max_mhz", "gpm", "watched", "na"):
+        assert k in info[0].data, k
+    assert len(gpu) >= 10
+    for s in gpu:
+        assert set(GPU_FIELDS) <= set(s.data)
+        json.dumps(s.data)
+    last = gpu[-1].data
+    na = info[-1].data["na"]
+    for f in ("util_gpu", "mem_used", "mem_total", "power_w", "clock_sm_mhz", "temp_c"):
+        assert last[f] is not None or f in na, f
+    if info[-1].data["gpm"]:
+        with_gpm = [s for s in gpu if s.data["gpm_window_s"] is not None]
+        assert with_gpm, "GPM supported but never sampled"
+        assert min(s.data["gpm_window_s"] for s in with_gpm) >= GPM_MIN_GAP_S
