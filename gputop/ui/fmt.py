@@ -23,6 +23,11 @@ def _num(v) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def to_float(v) -> float | None:
+    """A finite float, or None for anything else (None, bool, text, NaN)."""
+    return _num(v)
+
+
 def pct(v, digits: int = 0) -> str:
     f = _num(v)
     return NA if f is None else f"{f:.{digits}f}%"
@@ -91,8 +96,21 @@ def duration(seconds) -> str:
     return f"{sign}{h}:{m:02d}:{sec:02d}" if h else f"{sign}{m}:{sec:02d}"
 
 
+_CONTROL = {c: "?" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
+_CONTROL.update({0x09: " ", 0x0A: "⏎", 0x0D: "⏎"})
+
+
+def clean(text) -> str:
+    """Text from a process or a recording, made safe to draw: control characters (newlines in
+    a command line, terminal escape sequences) become visible placeholders, never bytes that
+    the terminal would act on."""
+    return str(text).translate(_CONTROL)
+
+
 def clip(text: str, width: int) -> str:
-    """Cut ``text`` to ``width`` cells, marking the cut with an ellipsis."""
+    """Cut ``text`` to ``width`` cells (control characters made visible), marking a cut with
+    an ellipsis."""
+    text = clean(text)
     if width <= 0:
         return ""
     if len(text) <= width:
@@ -100,46 +118,96 @@ def clip(text: str, width: int) -> str:
     return text[: max(0, width - 1)] + "…"
 
 
-def spark(points: Iterable[tuple[float, object]], t_end: float, window_s: float, width: int,
-          lo: float = 0.0, hi: float | None = None) -> str:
-    """A sparkline of ``width`` cells covering ``window_s`` seconds up to ``t_end``.
+def _subclass_number(v) -> bool:
+    """numpy.float64 and friends (a live source might hand one over); never a bool."""
+    return v is not None and type(v) is not bool and isinstance(v, (int, float))
 
-    Each cell is the mean of the samples that fall in its slice of time; a slice without any
-    sample is a blank (no data), never a low bar. Slices are aligned to multiples of their
-    width so the line scrolls steadily instead of shimmering as ``t_end`` moves. ``hi`` None
-    scales to the largest value in view.
+
+def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, width: int,
+               hold_s: float = 2.5) -> dict[str, list[float | None]]:
+    """Per field, the value of each of ``width`` cells covering ``window_s`` seconds up to
+    ``t_end``, from samples (objects with ``.t`` and ``.data``) in time order. One pass over
+    the samples serves every field: the GPU view draws 15 sparklines per GPU.
+
+    A cell is the mean of the samples that fall in its slice of time. A slice without a sample
+    of its own takes the previous sample's value when that is at most ``hold_s`` older (a
+    sampled value holds until the next sample; jittered sampling leaves such slices);
+    otherwise it is None: no data, drawn blank, never as a low bar. Slices are aligned to
+    multiples of their width so the line scrolls steadily as ``t_end`` moves.
     """
+    out: dict[str, list[float | None]] = {}
     if width <= 0 or window_s <= 0:
-        return ""
+        return {f: [] for f in fields}
     cell = window_s / width
-    last = math.floor(t_end / cell)
-    first = last - width + 1
-    sums = [0.0] * width
-    counts = [0] * width
-    for t, v in points:
-        f = _num(v)
-        if f is None:
+    first = math.floor(t_end / cell) - width + 1
+    sums = {f: [0.0] * width for f in fields}
+    counts = {f: [0] * width for f in fields}
+    newest = {f: [0.0] * width for f in fields}
+    before: dict[str, tuple[float, float]] = {}
+    acc = [(f, sums[f], counts[f], newest[f]) for f in fields]
+    numeric = (int, float)  # type() and not isinstance(): a bool is not a value here
+    floor = math.floor
+    for s in samples:  # the hot loop of the GPU view: kept plain on purpose
+        t = s.t
+        i = floor(t / cell) - first
+        if i >= width:
             continue
-        i = math.floor(t / cell) - first
-        if 0 <= i < width:
-            sums[i] += f
-            counts[i] += 1
-    means: list[float | None] = [sums[i] / counts[i] if counts[i] else None for i in range(width)]
-    top = hi if hi is not None else max((m for m in means if m is not None), default=None)
+        data = s.data
+        if i >= 0:
+            for f, sm, ct, nw in acc:
+                v = data.get(f)
+                if (type(v) in numeric or _subclass_number(v)) and v - v == 0:  # not NaN or inf
+                    sm[i] += v
+                    ct[i] += 1
+                    nw[i] = t
+        else:
+            for f in fields:
+                v = data.get(f)
+                if (type(v) in numeric or _subclass_number(v)) and v - v == 0:  # not NaN or inf
+                    before[f] = (t, v)
+    for f in fields:
+        means: list[float | None] = []
+        held_t, held_v = before.get(f, (None, None))
+        c, sm, nw = counts[f], sums[f], newest[f]
+        for i in range(width):
+            if c[i]:
+                m = sm[i] / c[i]
+                means.append(m)
+                held_t, held_v = nw[i], m
+            elif held_t is not None and (first + i) * cell - held_t <= hold_s:
+                means.append(held_v)
+            else:
+                means.append(None)
+        out[f] = means
+    return out
+
+
+def spark_cells(means: Sequence[float | None], lo: float = 0.0, hi: float | None = None) -> str:
+    """Cells (from ``cell_means``) as block characters; None is a blank. ``hi`` None scales to
+    the largest value in view."""
+    top = _num(hi) if hi is not None else max((m for m in means if m is not None), default=None)
     out = []
+    last = len(SPARK_CHARS) - 1
     for m in means:
         if m is None:
             out.append(" ")
-            continue
-        if top is None or top <= lo:
+        elif top is None or top <= lo:
             out.append(SPARK_CHARS[0])
-            continue
-        frac = (m - lo) / (top - lo)
-        idx = int(round(frac * (len(SPARK_CHARS) - 1)))
-        out.append(SPARK_CHARS[min(max(idx, 0), len(SPARK_CHARS) - 1)])
+        else:
+            idx = int(round((m - lo) / (top - lo) * last))
+            out.append(SPARK_CHARS[min(max(idx, 0), last)])
     return "".join(out)
 
 
-def peak(values: Sequence[tuple[float, object]]) -> float | None:
-    nums = [f for _, v in values if (f := _num(v)) is not None]
-    return max(nums) if nums else None
+class _Point:
+    __slots__ = ("t", "data")
+
+    def __init__(self, t: float, v) -> None:
+        self.t, self.data = t, {"v": v}
+
+
+def spark(points: Iterable[tuple[float, object]], t_end: float, window_s: float, width: int,
+          lo: float = 0.0, hi: float | None = None, hold_s: float = 2.5) -> str:
+    """A sparkline of (t, value) points: ``cell_means`` then ``spark_cells``."""
+    cells = cell_means([_Point(t, v) for t, v in points], ("v",), t_end, window_s, width, hold_s)["v"]
+    return spark_cells(cells, lo, hi)

@@ -94,6 +94,8 @@ def clock_events_text(events) -> str:
     """["sw_power_cap", "hw_thermal"] -> "power cap (software), thermal (hardware)"."""
     if events is None:
         return "n/a"
+    if not isinstance(events, list):
+        return "n/a: unreadable value"
     if not events:
         return "none"
     words = clock_event_words()

@@ -1,0 +1,171 @@
+"""Panels: the pieces of the UI, and the registry that lets a new one plug in.
+
+How to add a panel (no edit of the app needed)
+-----------------------------------------------
+1. Create a module in this package, e.g. ``gputop/ui/panels/probe.py``. Every module here is
+   imported when the app starts (``load_panel_modules``); a module that fails to import is
+   reported on the help screen and the rest of the UI still starts.
+2. If your panel needs a view of its own, register it once::
+
+       register_view("probe", "Probe", order=50)
+
+   Views are listed in ``order`` in the tab line; number keys 1-9 follow that order
+   (overview 10, gpus 20, procs 30, threads 40, sources 90 are taken).
+3. Subclass ``TextPanel`` (text out) or ``Panel`` (your own widgets, e.g. a DataTable) and
+   decorate it::
+
+       @register_panel
+       class StepTimes(TextPanel):
+           VIEW = "probe"          # which view it lives in
+           ORDER = 10              # position inside the view, top first
+           NEEDS = ("step",)       # sample kinds; shown once any of them exists
+           TITLE = "Step times"    # its title line
+           METRICS = [MetricSpec(...)]   # optional: one-line help for numbers it derives
+
+           def draw(self, snap: Snapshot, width: int) -> Text:
+               ...                 # read snap (never the session), return text
+
+   A ``Panel`` that manages its own widgets overrides ``update_view(snap)`` instead of
+   ``draw``. Either is called on the UI thread at the UI's tick, only while the panel is in
+   the visible view, and only when the store changed (``snap.generation``) or the panel was
+   resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads.
+
+The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: primary verdict,
+evidence, advice): register it with ``VIEW = "overview"`` and ``ORDER = 0``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.text import Text
+from textual.widget import Widget
+
+from gputop.model import MetricSpec
+from gputop.ui.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    id: str
+    title: str
+    order: int
+
+
+_VIEWS: dict[str, ViewSpec] = {}
+_PANELS: list[type["Panel"]] = []
+LOAD_PROBLEMS: list[str] = []
+
+
+def register_view(view_id: str, title: str, order: int) -> ViewSpec:
+    spec = ViewSpec(view_id, title, order)
+    _VIEWS[view_id] = spec
+    return spec
+
+
+def register_panel(cls: type["Panel"]) -> type["Panel"]:
+    if cls not in _PANELS:
+        _PANELS.append(cls)
+    return cls
+
+
+def views() -> list[ViewSpec]:
+    return sorted(_VIEWS.values(), key=lambda v: (v.order, v.id))
+
+
+def panels_for(view_id: str) -> list[type["Panel"]]:
+    return sorted((p for p in _PANELS if p.VIEW == view_id), key=lambda p: (p.ORDER, p.__name__))
+
+
+def all_panel_metrics() -> list[MetricSpec]:
+    return [m for p in _PANELS for m in p.METRICS]
+
+
+_loaded = False
+
+
+def load_panel_modules() -> None:
+    """Import every module of this package once, so their panels register themselves."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        name = f"{__name__}.{info.name}"
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # one broken panel must not take the UI down
+            LOAD_PROBLEMS.append(f"panel module {name} failed to load: {type(e).__name__}: {e}")
+
+
+class Panel(Widget):
+    """A block of one view. Subclasses set the class attributes and draw from a Snapshot."""
+
+    VIEW: ClassVar[str] = "overview"
+    ORDER: ClassVar[int] = 50
+    NEEDS: ClassVar[tuple[str, ...]] = ()
+    TITLE: ClassVar[str] = ""
+    METRICS: ClassVar[list[MetricSpec]] = []
+
+    DEFAULT_CSS = """
+    Panel {
+        height: auto;
+        border-top: solid $primary-darken-1;
+        border-title-align: left;
+        border-title-color: $text;
+        border-title-style: bold;
+        padding: 0 0;
+    }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id=f"panel-{type(self).__name__.lower()}", classes="panel")
+        if self.TITLE:
+            self.border_title = self.TITLE
+        self.last_snapshot: Snapshot | None = None
+
+    def shown(self, snap: Snapshot) -> bool:
+        """Whether the panel has anything to show. Default: any of NEEDS is present."""
+        return not self.NEEDS or any(k in snap.kinds for k in self.NEEDS)
+
+    def update_view(self, snap: Snapshot) -> None:
+        self.last_snapshot = snap
+
+    def on_resize(self) -> None:
+        if self.last_snapshot is not None and self.display:
+            self.update_view(self.last_snapshot)
+
+
+class TextPanel(Panel):
+    """A panel that is one block of text: implement ``draw(snap, width) -> Text``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._text = Text("")
+        self._lines = 1
+
+    def draw(self, snap: Snapshot, width: int) -> Text:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def update_view(self, snap: Snapshot) -> None:
+        self.last_snapshot = snap
+        width = self.content_size.width or (self.app.size.width if self.is_attached else 80)
+        text = self.draw(snap, width)
+        if text == self._text:
+            return
+        lines = text.plain.count("\n") + 1
+        self._text = text
+        # Only a change in the number of lines needs a new layout; otherwise repaint.
+        self.refresh(layout=lines != self._lines)
+        self._lines = lines
+
+    @property
+    def text(self) -> Text:
+        """What the panel shows now (all of it, also the part scrolled out of view)."""
+        return self._text
+
+    def render(self) -> Text:
+        return self._text

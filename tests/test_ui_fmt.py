@@ -1,0 +1,52 @@
+"""The UI's number formatting: missing values are never drawn as zero, text from processes is
+made safe to print, sparklines say "no sample" with a blank."""
+
+from __future__ import annotations
+
+from gputop.ui import fmt
+
+
+def test_missing_values_are_na_never_zero():
+    for f in (fmt.pct, fmt.size, fmt.rate_bytes, fmt.rate_mib, fmt.duration):
+        assert f(None) == "n/a"
+    assert fmt.num(None, "W") == "n/a"
+    assert fmt.size_pair(None, 100) == "n/a"
+    assert fmt.pct(float("nan")) == "n/a"
+    assert fmt.pct(0) == "0%"  # a real zero stays a zero
+
+
+def test_units():
+    assert fmt.size(512) == "512B"
+    assert fmt.size(3 * 1024 ** 3 + 1024 ** 3 // 10) == "3.1G"
+    assert fmt.size_pair(70 * 1024 ** 3, 141 * 1024 ** 3) == "70.0/141G"
+    assert fmt.rate_mib(5.0) == "5.0 MiB/s" and fmt.rate_mib(6000) == "5.9 GiB/s"
+    assert fmt.duration(42) == "0:42" and fmt.duration(3723) == "1:02:03"
+
+
+def test_control_characters_from_a_process_are_not_sent_to_the_terminal():
+    evil = "python\x1b]0;pwned\x07 -c 'x'\nrm"
+    out = fmt.clip(evil, 80)
+    assert "\x1b" not in out and "\x07" not in out and "\n" not in out
+    assert out.startswith("python?]0;pwned? -c 'x'⏎rm")
+
+
+def test_sparkline_blank_means_no_sample_and_values_hold_briefly():
+    points = [(0.5, 10), (1.5, 50), (5.0, 100)]
+    # 10 cells of 1 s ending at t=10: cells 1..10; the 0.5 s sample is before the window
+    assert fmt.spark(points, 10, 10, 10, 0, 100) == "▅▅▅▅███   "
+    assert fmt.spark(points, 10, 10, 10, 0, 100, hold_s=0) == "▅   █     "
+    # None, NaN and booleans are not values: blanks, not low bars
+    assert fmt.spark([(1.5, None), (2.5, float("nan")), (3.5, True), (4.5, float("inf"))], 10, 10, 10, 0, 100) == " " * 10
+    # a real zero is the lowest bar, not a blank (held into the last cell, which holds t_end)
+    assert fmt.spark([(9.5, 0)], 10, 10, 10, 0, 100) == " " * 8 + "▁▁"
+
+
+def test_cell_means_one_pass_for_several_fields():
+    class S:
+        def __init__(self, t, **data):
+            self.t, self.data = t, data
+    samples = [S(8.2, a=10, b=None), S(8.7, a=30, b=4), S(9.5, a=None, b=8)]
+    cells = fmt.cell_means(samples, ("a", "b"), 10, 4, 4, hold_s=0)
+    # cells cover [7,8) [8,9) [9,10) [10,11)
+    assert cells["a"] == [None, 20.0, None, None]
+    assert cells["b"] == [None, 4.0, 8.0, None]

@@ -1,0 +1,108 @@
+"""SVG snapshots of the UI replaying the committed real recording at fixed, paused positions.
+
+A changed layout shows up as a failed comparison with a visual diff (snapshot_report.html).
+After an intended change: ``python -m pytest tests/test_ui_snapshots.py --snapshot-update``
+and look at the new SVGs in tests/__snapshots__/test_ui_snapshots/ before committing them.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import pytest
+
+from gputop.session.replay import ReplaySession
+from gputop.ui.app import GputopApp
+
+FIXTURE = pathlib.Path(__file__).parent / "data" / "host_cpu_demo.gtrec"
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """Wall-clock times in the replay bar and the Sources view, the same on every machine."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def app_at(position: float) -> GputopApp:
+    session = ReplaySession(str(FIXTURE), start_playing=False)
+    session.seek(position)
+    return GputopApp(session)
+
+
+def show(view_id: str):
+    """run_before for snap_compare: press the view's number key (looked up: panel modules of
+    other features add views, which renumbers the later ones)."""
+    async def run_before(pilot):
+        await pilot.press(str([v.id for v in pilot.app.view_specs].index(view_id) + 1))
+    return run_before
+
+
+def test_overview_80x24(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(80, 24))
+
+
+def test_overview_120x40(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(120, 40))
+
+
+def test_processes_80x24(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(80, 24), run_before=show("procs"))
+
+
+def test_threads_120x40(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(120, 40), run_before=show("threads"))
+
+
+def test_sources_80x24(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(80, 24), run_before=show("sources"))
+
+
+def test_help_80x24(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(80, 24), press=["question_mark"])
+
+
+def test_target_exited_80x24(snap_compare):
+    assert snap_compare(app_at(10_000.0), terminal_size=(80, 24))  # seek clamps to the end
+
+
+def test_terminal_too_small(snap_compare):
+    assert snap_compare(app_at(45.0), terminal_size=(70, 20))
+
+
+def _gpu_recordings() -> list[pathlib.Path]:
+    from gputop.session.recording import RecordingReader
+    found = []
+    for path in sorted(FIXTURE.parent.glob("*.gtrec")):
+        with RecordingReader(str(path)) as r:
+            if any(s.kind == "gpu" for ref in r.index.chunks[:10] for s in r.read_chunk(ref)):
+                found.append(path)
+    return found
+
+
+GPU_RECORDINGS = _gpu_recordings()
+needs_gpu_recording = pytest.mark.skipif(
+    not GPU_RECORDINGS, reason="needs a real GPU recording in tests/data (the H200 recordings are committed by "
+                               "the lead; then run once with --snapshot-update and review the SVGs)")
+
+
+def _middle(path: pathlib.Path) -> GputopApp:
+    session = ReplaySession(str(path), start_playing=False)
+    session.seek(session.t_start + 0.6 * (session.t_end - session.t_start))
+    return GputopApp(session)
+
+
+@needs_gpu_recording
+@pytest.mark.parametrize("path", GPU_RECORDINGS or [None], ids=lambda p: p.stem if p else "none")
+def test_gpu_overview_80x24(snap_compare, path):
+    assert snap_compare(_middle(path), terminal_size=(80, 24))
+
+
+@needs_gpu_recording
+@pytest.mark.parametrize("path", GPU_RECORDINGS or [None], ids=lambda p: p.stem if p else "none")
+def test_gpu_details_120x40(snap_compare, path):
+    assert snap_compare(_middle(path), terminal_size=(120, 40), run_before=show("gpus"))
