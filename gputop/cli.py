@@ -163,13 +163,9 @@ def _optional_sources(clock, target, a) -> list:
 
 def _processors() -> list:
     """Derivations run on the session's samples (live and on replay)."""
-    out = []
-    try:
-        from gputop.derive.threads import ThreadStateProcessor
-        out.append(ThreadStateProcessor())
-    except ModuleNotFoundError:
-        pass
-    return out
+    from gputop.verdicts import default_processors
+
+    return default_processors()
 
 
 def _default_record_path(pid: int) -> str:

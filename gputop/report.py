@@ -102,7 +102,30 @@ def _metrics(kind: str, cols: dict[str, list], specs: dict) -> dict:
     return out
 
 
-def build_report(path: str) -> dict:
+def _verdict_section(path: str) -> dict:
+    """Verdicts recomputed from the raw samples (so better rules improve old recordings): the
+    recording is played through the same processors a live session runs, at full speed."""
+    from gputop.session.replay import ReplaySession
+    from gputop.session.store import CallbackSubscriber
+    from gputop.verdicts import default_processors
+    from gputop.verdicts.summary import summarize_verdicts
+
+    processors = default_processors()
+    wanted = {k for p in processors for k in p.produces}
+    got: list[Sample] = []
+    session = ReplaySession(path, processors=processors, start_playing=False, seek_window_s=0.0)
+    try:
+        session.bus.subscribe(CallbackSubscriber(lambda ss: got.extend(s for s in ss if s.kind in wanted)))
+        session.play_to(session.t_end)
+        t0, t1 = session.t_start, session.t_end
+    finally:
+        session.stop()
+    out = summarize_verdicts(got, t0, t1)
+    return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
+            "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"]}
+
+
+def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     """The report of a recording as a JSON-able dict. Raises RecordingError for bad files."""
     specs = _specs_by_field()
     agg = _Agg()
@@ -207,6 +230,8 @@ def build_report(path: str) -> dict:
         host["target_state"] = target.get("state")
     report["host"] = host
 
+    if recompute_verdicts:
+        report.update(_verdict_section(path))
     for section in SECTIONS:
         mine = [s for s in section_samples if s.kind in section.kinds]
         mine.sort(key=lambda s: s.t)
@@ -293,10 +318,11 @@ def render_text(report: dict) -> str:
     for name, h in report.get("sources", {}).items():
         if h["state"] != "ok":
             lines.append(f"  source   {name}: {h['state']} — {h['message']}")
-    for sec in SECTIONS:
-        if sec.name in report and sec.text and sec.name in ("verdicts",):
-            lines.append("")
-            lines.extend(sec.text(report[sec.name]))
+    if "verdicts" in report:
+        from gputop.verdicts.summary import render_verdicts_text
+
+        lines.append("")
+        lines.extend(render_verdicts_text(report))
     for g in report["gpus"]:
         lines.append("")
         flag = "" if g.get("watched") in (None, True) else " (not used by the target)"
@@ -326,7 +352,7 @@ def render_text(report: dict) -> str:
     if host.get("target_state") == "exited":
         lines.append("  the target exited during the session")
     for sec in SECTIONS:
-        if sec.name in report and sec.name != "verdicts":
+        if sec.name in report:
             lines.append("")
             if sec.text:
                 lines.extend(sec.text(report[sec.name]))

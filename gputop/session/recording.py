@@ -31,6 +31,7 @@ All integers little-endian. Major version bumps when an old reader could not rea
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -55,6 +56,7 @@ CODEC_JSON, CODEC_ZLIB = b"\x00", b"\x01"
 MAX_FRAME_BYTES = 64 * 1024 * 1024      # no honest frame is this big: refuse before allocating
 MAX_DECODED_BYTES = 256 * 1024 * 1024   # zlib bomb guard
 MAX_STRING = 1 << 20
+CHUNK_SLACK_S = 10.0   # how far out of time order a chunk's first sample may be (late publishers)
 
 
 class RecordingError(Exception):
@@ -360,6 +362,7 @@ class RecordingReader:
         except OSError as e:
             raise RecordingError(f"{path}: cannot open ({e.strerror})") from None
         self.index = RecordingIndex()
+        self._t0s: list[float] = []
         head = self._f.read(_FILE_HEADER.size)
         if len(head) < _FILE_HEADER.size or head[:8] != MAGIC:
             self._f.close()
@@ -466,7 +469,14 @@ class RecordingReader:
         return validate_chunk(_decode_payload(codec, payload, where), where)
 
     def chunks_between(self, t_from: float, t_to: float) -> list[ChunkRef]:
-        return [c for c in self.index.chunks if c.t1 >= t_from and c.t0 <= t_to]
+        chunks = self.index.chunks
+        if len(self._t0s) != len(chunks):
+            self._t0s = [c.t0 for c in chunks]
+        # Chunks are in time order, give or take samples that arrived a little late, so a binary
+        # search with a few seconds of slack finds the candidates without a scan of a long file.
+        lo = bisect.bisect_left(self._t0s, t_from - CHUNK_SLACK_S)
+        hi = bisect.bisect_right(self._t0s, t_to)
+        return [c for c in chunks[lo:hi] if c.t1 >= t_from]
 
     def samples(self, t_from: float = -math.inf, t_to: float = math.inf) -> Iterator[Sample]:
         """Samples with t_from <= t <= t_to, in time order (chunks may overlap slightly)."""

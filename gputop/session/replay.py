@@ -97,6 +97,11 @@ class ReplaySession:
         self.playing = False
         self.seek_relative(dt)
 
+    def play_to(self, t: float) -> None:
+        """Play forward to ``t`` at once (no clock): every processor runs at each time it is
+        due, exactly as in real-time playback. The report uses it to recompute derivations."""
+        self._advance_to(min(max(t, self.position), self.t_end))
+
     # -- Session surface -------------------------------------------------------------------
     def tick(self) -> None:
         now = self._clock()

@@ -1,0 +1,123 @@
+"""The verdict engine: runs every rule once a second, applies hysteresis, picks the primary.
+
+It is a session *processor* (gputop.session.session.Processor): live it runs on the derive
+thread, in a replay it runs again on the raw samples. Its output samples are recorded:
+
+- ``verdict``/<id>: every second while a verdict is active (and once with ``active: False``
+  when it ends): title, severity, confidence, level, lost_share, evidence, advice, summary,
+  since, first_seen, missing.
+- ``verdict_primary``/``primary``: every second: the verdict that best explains lost
+  throughput now (``id`` None while nothing is established yet), and the others ranked.
+- ``verdict_change``/<id>: when a verdict turns on or off (the timeline).
+"""
+
+from __future__ import annotations
+
+from gputop.model import Sample
+from gputop.verdicts.finding import Finding, VerdictState
+from gputop.verdicts.rules import RULES
+from gputop.verdicts.signals import WINDOW_S, build_signals
+
+KIND_VERDICT = "verdict"
+KIND_VERDICT_PRIMARY = "verdict_primary"
+KIND_VERDICT_CHANGE = "verdict_change"
+
+ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (no blips)
+LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
+LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
+MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
+
+
+def _rule_id(rule) -> str:
+    return rule.__name__
+
+
+ORDER = {_rule_id(r): i for i, r in enumerate(RULES)}
+
+
+class VerdictEngine:
+    name = "verdicts"
+    produces = (KIND_VERDICT, KIND_VERDICT_PRIMARY, KIND_VERDICT_CHANGE)
+    interval_s = 1.0
+
+    def __init__(self, rules=None, window_s: float = WINDOW_S):
+        self.rules = list(rules or RULES)
+        self.window_s = window_s
+        self.states: dict[str, VerdictState] = {}
+
+    def reset(self) -> None:
+        self.states.clear()
+
+    def evaluate(self, store, now: float) -> dict[str, Finding]:
+        sig = build_signals(store, now, self.window_s)
+        found = {}
+        for rule in self.rules:
+            f = rule(sig)
+            if f is not None:
+                found[f.id] = f
+        return found
+
+    def process(self, store, now: float) -> list[Sample]:
+        found = self.evaluate(store, now)
+        out: list[Sample] = []
+        for vid in sorted(set(found) | set(self.states), key=lambda v: ORDER.get(v, 99)):
+            st = self.states.setdefault(vid, VerdictState())
+            f = found.get(vid)
+            level = f.level if f is not None else 0.0
+            was = st.active
+            if not st.active:
+                if level >= 1.0:
+                    if st.holding_since is None:
+                        st.holding_since = now
+                    if now - st.holding_since >= ENTER_S - 1e-9:
+                        st.active, st.since, st.failing_since = True, st.holding_since, None
+                        if st.first_seen is None:
+                            st.first_seen = st.holding_since
+                else:
+                    st.holding_since = None
+            else:
+                if level < LEAVE_LEVEL:
+                    if st.failing_since is None:
+                        st.failing_since = now
+                    if now - st.failing_since >= LEAVE_S - 1e-9:
+                        st.active, st.holding_since, st.failing_since = False, None, None
+                else:
+                    st.failing_since = None
+            if f is not None:
+                st.last = f
+            if st.active != was:
+                out.append(Sample(now, KIND_VERDICT_CHANGE, vid, {
+                    "active": st.active, "title": st.last.title if st.last else vid,
+                    "severity": st.last.severity if st.last else None, "since": st.since}))
+            if st.active or was:
+                out.append(Sample(now, KIND_VERDICT, vid, self._data(st, now)))
+        ranked = self.ranked()
+        primary = ranked[0] if ranked else None
+        pdata = {"id": None, "others": [v for v, _ in ranked[1:]]}
+        if primary is not None:
+            vid, st = primary
+            pdata.update({"id": vid, "title": st.last.title, "summary": st.last.summary,
+                          "severity": st.last.severity, "lost_share": round(st.last.lost_share, 3),
+                          "confidence": st.last.confidence, "since": st.since})
+        out.append(Sample(now, KIND_VERDICT_PRIMARY, "primary", pdata))
+        return out
+
+    def ranked(self) -> list[tuple[str, VerdictState]]:
+        """Active verdicts, most lost throughput first; small losses count as none, and ties go
+        to the more specific rule (RULES order)."""
+        active = [(v, st) for v, st in self.states.items() if st.active and st.last is not None]
+
+        def key(item):
+            v, st = item
+            loss = st.last.lost_share if st.last.lost_share >= MIN_PRIMARY_LOSS else 0.0
+            return (-loss, ORDER.get(v, 99))
+
+        return sorted(active, key=key)
+
+    @staticmethod
+    def _data(st: VerdictState, now: float) -> dict:
+        f = st.last
+        return {"active": st.active, "title": f.title, "severity": f.severity, "confidence": f.confidence,
+                "level": round(f.level, 3), "lost_share": round(f.lost_share, 3), "evidence": f.evidence,
+                "advice": f.advice, "summary": f.summary, "since": st.since, "first_seen": st.first_seen,
+                "missing": list(f.missing)}

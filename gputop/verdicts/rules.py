@@ -1,0 +1,377 @@
+"""The verdict rules: pure functions from ``Signals`` to a ``Finding`` (or None when a rule's
+inputs are missing). Every threshold is a named constant; docs/verdicts.md gives the reason
+for each value and must change with it.
+
+A rule's ``level`` is its main measure over its threshold (>= 1: holds). ``lost_share`` is
+the share of step time (0-1) the cause costs, used to pick the primary verdict: a healthy
+GPU-bound job loses nothing, so ``gpu_bound`` is primary only when nothing else costs time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding
+from gputop.verdicts.signals import Signals
+
+# -- thresholds (docs/verdicts.md explains each) -------------------------------------------------
+GPU_BOUND_SM_ACTIVE = 80.0        # % SM active: DCGM's "necessary for effective use" line
+GPU_BOUND_UTIL_NO_GPM = 95.0      # % util.gpu when GPM is missing (weak evidence)
+GPU_BUSY_SM_ACTIVE = 70.0         # above this the GPU is busy enough that host-side waits are hidden
+GPU_IDLE_SM_ACTIVE = 5.0          # % SM active below which the GPU is idle
+GPU_IDLE_UTIL = 5.0               # % util.gpu below which no kernel ran most of the time
+EXPLAINED_IDLE_SHARE = 0.25       # waits that explain idleness (data, sync, GIL, collectives)
+MEMORY_BOUND_DRAM = 60.0          # % DRAM bandwidth: ~70% of the 87% practical peak on an H200
+MEMORY_BOUND_MIN_SM = 50.0        # ... while the SMs are busy (else it is not the limit)
+INPUT_BOUND_SHARE = 0.20          # share of step time blocked in next(DataLoader)
+SYNC_STALL_SHARE = 0.20           # share of main-thread time waiting on the GPU
+SYNC_STALL_SYNCS_PER_STEP = 2.0   # implicit syncs per step that make a stall likely
+GIL_CONTENTION_SHARE = 0.15       # share of main-thread time waiting for the GIL
+COMM_BOUND_SHARE = 0.20           # share of main-thread time in torch.distributed collectives
+H2D_PCIE_RX_MIBS = 1000.0         # MiB/s host->device sustained over the window
+H2D_MAX_SM = 50.0                 # ... with the SMs mostly idle
+PAGEABLE_PCIE_MIBS = 15000.0      # sustained copies slower than this look pageable (pinned: ~50 GB/s on Gen5)
+LAUNCH_MAX_SM = 40.0              # % SM active: kernels too small to fill the GPU
+LAUNCH_MIN_UTIL = 10.0            # % util.gpu: kernels are running (so it is not idle)
+LAUNCH_MAIN_BUSY = 0.60           # main thread on the CPU (running) share
+CLOCK_THERMAL_SHARE = 0.30        # share of samples with a thermal / hardware slowdown reason
+CLOCK_POWER_SHARE = 0.50          # share of samples with the software power cap
+CLOCK_RATIO_MAX = 0.90            # SM clock below this fraction of its maximum
+SWAP_BPS = 1 << 20                # 1 MiB/s of swap traffic
+PSI_MEM_SOME_PCT = 10.0           # % of time some task stalled on memory (PSI)
+MEM_AVAILABLE_FRAC = 0.05         # available host memory below 5%
+CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
+GPU_MEM_USED_FRAC = 0.95          # GPU memory used
+
+
+def _mb(x):
+    return None if x is None else round(x / 1024.0, 1)
+
+
+def _pct(x, nd=0):
+    return None if x is None else round(100.0 * x, nd)
+
+
+def _r(x, nd=1):
+    return None if x is None else round(x, nd)
+
+
+def _missing(sig: Signals, *names: str) -> tuple[str, ...]:
+    return tuple(n for n in names if n not in sig.have)
+
+
+def _confidence(base: float, missing: tuple[str, ...]) -> float:
+    return round(max(0.2, base - 0.2 * len(missing)), 2)
+
+
+def _idle_share(sig: Signals) -> float | None:
+    sm = sig.get("gpu.sm_active")
+    return None if sm is None else max(0.0, 1.0 - sm / 100.0)
+
+
+# -- rules ----------------------------------------------------------------------------------------
+
+def gpu_bound(sig: Signals) -> Finding | None:
+    sm, tensor, util = sig.get("gpu.sm_active"), sig.get("gpu.tensor_active"), sig.get("gpu.util_gpu")
+    if sm is not None:
+        level, conf = sm / GPU_BOUND_SM_ACTIVE, 0.9
+        summary = f"GPU busy: SM active {sm:.0f}%" + (f", tensor cores {tensor:.0f}%" if tensor is not None else "")
+    elif util is not None:
+        level, conf = util / GPU_BOUND_UTIL_NO_GPM, 0.35
+        summary = f"GPU busy by util.gpu {util:.0f}% (no GPM counters: SM activity unknown)"
+    else:
+        return None
+    advice = "The GPU is the bottleneck — the healthy case. To go faster: "
+    if tensor is not None and tensor < 20 and sm is not None:
+        advice += "tensor cores are mostly idle, so try bf16 autocast (torch.autocast) or TF32 matmuls; "
+    advice += "fuse kernels with torch.compile; raise the batch size if memory allows; or add GPUs."
+    return Finding("gpu_bound", "GPU-bound (healthy)", SEVERITY_INFO, level, 0.0, conf,
+                   {"sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor), "util_gpu_pct": _r(util)},
+                   advice, summary, _missing(sig, "gpm"))
+
+
+def memory_bound(sig: Signals) -> Finding | None:
+    dram, sm, tensor = sig.get("gpu.dram_bw"), sig.get("gpu.sm_active"), sig.get("gpu.tensor_active")
+    if dram is None or sm is None:
+        return None
+    level = dram / MEMORY_BOUND_DRAM if sm >= MEMORY_BOUND_MIN_SM else min(0.99, dram / MEMORY_BOUND_DRAM)
+    return Finding("memory_bound", "GPU memory-bandwidth bound", SEVERITY_INFO, level, 0.0, 0.85,
+                   {"dram_bw_pct": _r(dram), "sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor)},
+                   "Kernels wait on DRAM, not arithmetic: fuse elementwise ops (torch.compile), keep "
+                   "activations in bf16/fp16, avoid extra copies (.contiguous(), cat) and increase "
+                   "arithmetic intensity (larger matmuls, fewer passes over the data).",
+                   f"DRAM bandwidth {dram:.0f}% with SMs {sm:.0f}% active: memory-bound kernels")
+
+
+def clock_throttled(sig: Signals) -> Finding | None:
+    thermal, power, ratio = sig.get("gpu.thermal_share"), sig.get("gpu.power_cap_share"), sig.get("gpu.clock_ratio")
+    if thermal is None or power is None:
+        return None
+    sm = sig.get("gpu.sm_active")
+    busy = (sm / 100.0) if sm is not None else 1.0
+    slowed = ratio is not None and ratio < CLOCK_RATIO_MAX
+    lt = thermal / CLOCK_THERMAL_SHARE
+    lp = (power / CLOCK_POWER_SHARE) if slowed else min(0.99, power / CLOCK_POWER_SHARE)
+    level = max(lt, lp)
+    evidence = {"thermal_or_hw_slowdown_share": _r(thermal, 2), "power_cap_share": _r(power, 2),
+                "sm_clock_of_max_pct": _pct(ratio), "power_w": _r(sig.get("gpu.power_w"))}
+    if lt >= 1.0:
+        lost = busy * (1.0 - ratio) if ratio is not None else 0.1
+        return Finding("clock_throttled", "Clocks throttled (thermal / hardware slowdown)", SEVERITY_WARNING,
+                       level, lost, 0.9, evidence,
+                       "The GPU slows itself to protect the hardware: check cooling and airflow, the "
+                       "GPU's temperature history and the node's power supply with your admins.",
+                       f"thermal/hardware slowdown in {thermal * 100:.0f}% of samples; SM clock at "
+                       f"{_pct(ratio) or '?'}% of max")
+    # The software power cap is the GPU working at its power limit: the hardware ceiling of a
+    # busy GPU, not a fixable loss, so it costs no "lost share" and stays informational.
+    return Finding("clock_throttled", "Clocks capped by power", SEVERITY_INFO, level, 0.0, 0.9, evidence,
+                   "The GPU runs at its power limit and lowers clocks to stay under it — expected for "
+                   "long dense matmuls. Nothing to fix unless the limit was set below default "
+                   "(nvidia-smi -q -d POWER, ask an admin).",
+                   f"power cap in {power * 100:.0f}% of samples; SM clock at {_pct(ratio) or '?'}% of max")
+
+
+def input_bound(sig: Signals) -> Finding | None:
+    probe, stacks = sig.get("probe.data_wait_share"), sig.get("py.main.data")
+    share = probe if probe is not None else stacks
+    if share is None:
+        return None
+    sm = sig.get("gpu.sm_active")
+    level = share / INPUT_BOUND_SHARE
+    if sm is not None and sm >= GPU_BUSY_SM_ACTIVE:
+        level = min(level, 0.99)  # the GPU stays fed despite the waits: not the bottleneck
+    cfg = sig.facts.get("probe_config") or {}
+    workers, busy = sig.get("proc.workers.count"), sig.get("proc.workers.busy")
+    advice = []
+    nw = cfg.get("num_workers")
+    cores = sig.get("host.cpu_count")
+    if busy and workers and busy >= workers:
+        advice.append(f"all {int(workers)} DataLoader workers are ~100% busy: raise num_workers"
+                      + (f" (the machine has {int(cores)} cores)" if cores else "")
+                      + " or make __getitem__/transforms cheaper (decode on GPU, cache preprocessed data)")
+    elif nw == 0 or (workers in (None, 0.0) and nw is None):
+        advice.append("load data in worker processes: DataLoader(num_workers=4 or more)")
+    else:
+        advice.append("workers are not CPU-bound: the storage or network feeding them is slow; "
+                      "prefetch more (prefetch_factor), cache the dataset locally, or use a faster format")
+    if cfg.get("pin_memory") is False:
+        advice.append("set pin_memory=True")
+    if cfg.get("persistent_workers") is False and nw:
+        advice.append("set persistent_workers=True so workers survive between epochs")
+    missing = _missing(sig, "probe") if probe is None else ()
+    evidence = {"data_wait_share_pct": _pct(share), "from": "probe" if probe is not None else "stacks",
+                "sm_active_pct": _r(sm), "workers": workers, "workers_busy": busy,
+                "worker_cpu_pct_mean": _r(sig.get("proc.workers.cpu_pct_mean")),
+                "num_workers": nw, "pin_memory": cfg.get("pin_memory")}
+    return Finding("input_bound", "Input-bound: waiting for the DataLoader", SEVERITY_WARNING, level, share,
+                   _confidence(0.9 if probe is not None else 0.75, missing), evidence, "; ".join(advice) + ".",
+                   f"{share * 100:.0f}% of step time waiting for data" +
+                   (f"; {int(busy)}/{int(workers)} workers at 100% CPU" if workers else ""), missing)
+
+
+def h2d_copy_bound(sig: Signals) -> Finding | None:
+    rx, sm = sig.get("gpu.pcie_rx_mibs"), sig.get("gpu.sm_active")
+    if rx is None or sm is None:
+        return None
+    level = rx / H2D_PCIE_RX_MIBS if sm < H2D_MAX_SM else min(0.99, rx / H2D_PCIE_RX_MIBS)
+    cfg = sig.facts.get("probe_config") or {}
+    pageable = rx < PAGEABLE_PCIE_MIBS
+    advice = []
+    if pageable or cfg.get("pin_memory") is False:
+        advice.append(f"copies run at {rx / 1024:.1f} GiB/s, typical of pageable memory: pin the host "
+                      "buffers (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
+                      ".to(device, non_blocking=True)")
+    advice.append("keep data on the GPU across steps, send smaller dtypes (uint8 images, normalise on the GPU)")
+    lost = _idle_share(sig) or 0.0
+    return Finding("h2d_copy_bound", "Host-to-device copies dominate", SEVERITY_WARNING, level, lost, 0.8,
+                   {"pcie_rx_mib_s": _r(rx, 0), "sm_active_pct": _r(sm), "pageable_suspected": pageable,
+                    "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory")},
+                   "; ".join(advice) + ".",
+                   f"PCIe host->device {rx / 1024:.1f} GiB/s while SMs are {sm:.0f}% active"
+                   + (" (pageable memory?)" if pageable else ""))
+
+
+def sync_stall(sig: Signals) -> Finding | None:
+    cuda, syncs = sig.get("py.main.cuda"), sig.get("probe.syncs_per_step")
+    if cuda is None and syncs is None:
+        return None
+    sm = sig.get("gpu.sm_active")
+    levels = []
+    if cuda is not None:
+        levels.append(cuda / SYNC_STALL_SHARE)
+    if syncs is not None and cuda is None:
+        levels.append(syncs / SYNC_STALL_SYNCS_PER_STEP)
+    level = max(levels)
+    if sm is not None and sm >= GPU_BUSY_SM_ACTIVE:
+        level = min(level, 0.99)  # waiting on a busy GPU is what a GPU-bound job does
+    line = sig.facts.get("sync_top")
+    where = ""
+    if isinstance(line, (list, tuple)) and line:
+        where = f" Hottest sync: {line[0]}."
+    elif isinstance(line, str):
+        where = f" Hottest sync: {line}."
+    lost = _idle_share(sig)
+    if lost is None:
+        lost = cuda or 0.0
+    return Finding("sync_stall", "Sync stalls: the CPU waits for the GPU, then the GPU for the CPU",
+                   SEVERITY_WARNING, level, lost, _confidence(0.85, _missing(sig, "stacks", "probe")),
+                   {"main_cuda_wait_pct": _pct(cuda), "syncs_per_step": _r(syncs), "sm_active_pct": _r(sm),
+                    "hottest_sync": line if isinstance(line, str) else (line[0] if line else None)},
+                   "Remove host reads of GPU values from the hot loop (.item(), .cpu(), .tolist(), "
+                   "print(tensor), if tensor:); accumulate metrics on the GPU and read them every N steps; "
+                   "use non_blocking copies." + where,
+                   f"main thread waits on the GPU {_pct(cuda) or '?'}% of the time"
+                   + (f", {syncs:.1f} syncs per step" if syncs is not None else ""),
+                   _missing(sig, "stacks", "probe"))
+
+
+def launch_bound(sig: Signals) -> Finding | None:
+    sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
+    running = sig.get("py.main.running")
+    cpu = sig.get("proc.main.cpu_pct")
+    busy = running if running is not None else (cpu / 100.0 if cpu is not None else None)
+    if sm is None or util is None or busy is None:
+        return None
+    blockers = max(sig.get("py.main.data") or 0.0, sig.get("py.main.cuda") or 0.0, sig.get("py.main.gil") or 0.0,
+                   sig.get("probe.data_wait_share") or 0.0)
+    ok = sm < LAUNCH_MAX_SM and util >= LAUNCH_MIN_UTIL and blockers < 0.15
+    level = busy / LAUNCH_MAIN_BUSY
+    if not ok:
+        level = min(level, 0.99)
+    gpu_share = sig.get("probe.gpu_share")
+    return Finding("launch_bound", "Launch-bound: Python and kernel-launch overhead", SEVERITY_WARNING, level,
+                   max(0.0, 1.0 - sm / 100.0), _confidence(0.8, _missing(sig, "stacks", "probe")),
+                   {"sm_active_pct": _r(sm), "util_gpu_pct": _r(util), "main_busy_pct": _pct(busy),
+                    "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms"))},
+                   "Kernels are too small to fill the GPU and the CPU cannot launch them fast enough: "
+                   "capture the step with CUDA graphs or torch.compile(mode='reduce-overhead'), fuse "
+                   "small ops, use foreach/fused optimizers, avoid Python loops over tensors, raise the batch size.",
+                   f"util.gpu {util:.0f}% but SMs only {sm:.1f}% active; main thread {busy * 100:.0f}% busy on the CPU",
+                   _missing(sig, "stacks", "probe"))
+
+
+def gil_contention(sig: Signals) -> Finding | None:
+    gil = sig.get("py.main.gil")
+    if gil is None:
+        return None
+    threads = sig.facts.get("busy_threads") or []
+    names = ", ".join(f"{n} ({r}%)" for n, r in threads)
+    return Finding("gil_contention", "GIL contention: the training thread waits for other Python threads",
+                   SEVERITY_WARNING, gil / GIL_CONTENTION_SHARE, gil, 0.8,
+                   {"main_gil_wait_pct": _pct(gil), "busy_threads": names or None},
+                   "Other Python threads hold the GIL" + (f" ({names})" if names else "") +
+                   ": move their work to a process (multiprocessing, DataLoader workers), do it less often, "
+                   "or use code that releases the GIL (numpy/torch ops, I/O).",
+                   f"main thread waits for the GIL {gil * 100:.0f}% of the time" + (f"; busy: {names}" if names else ""))
+
+
+def communication_bound(sig: Signals) -> Finding | None:
+    comm = sig.get("py.main.collective")
+    if comm is None:
+        return None
+    return Finding("communication_bound", "Communication-bound: collectives dominate", SEVERITY_WARNING,
+                   comm / COMM_BOUND_SHARE, comm, 0.75, {"main_collective_pct": _pct(comm),
+                                                         "nvlink_tx_mib_s": _r(sig.get("gpu.nvlink_tx_mibs"), 0)},
+                   "Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
+                   "no_sync()), communicate less often or in lower precision, and check for a straggler rank "
+                   "that the others wait for.",
+                   f"main thread in torch.distributed collectives {comm * 100:.0f}% of the time")
+
+
+def host_memory_pressure(sig: Signals) -> Finding | None:
+    swap, psi, avail = sig.get("host.swap_bps"), sig.get("host.psi_mem_some_pct"), sig.get("host.mem_available_frac")
+    cg = sig.get("host.cgroup_mem_frac")
+    if swap is None and psi is None and avail is None:
+        return None
+    levels = [0.0]
+    if swap is not None:
+        levels.append(swap / SWAP_BPS)
+    if psi is not None:
+        levels.append(psi / PSI_MEM_SOME_PCT)
+    if avail is not None:
+        levels.append(MEM_AVAILABLE_FRAC / max(avail, 1e-3))
+    level = max(levels)
+    lost = (psi / 100.0) if psi is not None else (0.1 if level >= 1 else 0.0)
+    return Finding("host_memory_pressure", "Host memory pressure: swapping or reclaim stalls", SEVERITY_CRITICAL
+                   if (avail is not None and avail < 0.02) else SEVERITY_WARNING, level, lost,
+                   _confidence(0.85, _missing(sig, "psi")),
+                   {"swap_mib_s": _r(swap / (1 << 20) if swap is not None else None, 2), "psi_mem_some_pct": _r(psi),
+                    "mem_available_pct": _pct(avail), "cgroup_mem_used_pct": _pct(cg),
+                    "main_major_faults_per_s": _r(sig.get("proc.main.majflt_ps"), 0)},
+                   "The job needs more memory than it has: reduce DataLoader workers or prefetch_factor "
+                   "(each worker holds its own copy of the dataset object), avoid loading the whole dataset "
+                   "in RAM (memory-map it), or raise the container's memory limit.",
+                   "memory stalls " + (f"{psi:.0f}% of the time" if psi is not None else "")
+                   + (f", swap {swap / (1 << 20):.1f} MiB/s" if swap else "")
+                   + (f", {avail * 100:.0f}% memory available" if avail is not None else ""),
+                   _missing(sig, "psi"))
+
+
+def cpu_throttled(sig: Signals) -> Finding | None:
+    thr = sig.get("host.cgroup_throttled_pct")
+    if thr is None:
+        return None
+    limit = sig.get("host.cgroup_cpu_limit")
+    return Finding("cpu_throttled", "CPU quota throttling (cgroup)", SEVERITY_WARNING, thr / CGROUP_THROTTLED_PCT,
+                   min(1.0, thr / 100.0), 0.85, {"throttled_periods_pct": _r(thr), "cpu_limit_cores": _r(limit)},
+                   "The container's CPU quota stops the job every scheduling period: raise the CPU limit"
+                   + (f" (now {limit:g} cores)" if limit else "") + " or use fewer DataLoader workers/threads "
+                   "(torch.set_num_threads, OMP_NUM_THREADS).",
+                   f"throttled in {thr:.0f}% of CPU periods" + (f" (limit {limit:g} cores)" if limit else ""))
+
+
+def gpu_memory_pressure(sig: Signals) -> Finding | None:
+    used = sig.get("gpu.mem_used_frac")
+    if used is None:
+        return None
+    return Finding("gpu_memory_pressure", "GPU memory nearly full", SEVERITY_WARNING, used / GPU_MEM_USED_FRAC, 0.0,
+                   0.8, {"gpu_mem_used_pct": _pct(used)},
+                   "Close to out-of-memory: allocator retries and fragmentation slow steps. Use activation "
+                   "checkpointing, bf16, a smaller micro-batch with gradient accumulation, or "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+                   f"GPU memory {used * 100:.0f}% used")
+
+
+def gpu_idle(sig: Signals) -> Finding | None:
+    sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
+    if sm is None and util is None:
+        return None
+    if sm is not None:
+        level = GPU_IDLE_SM_ACTIVE / max(sm, 0.5)
+    else:
+        level = GPU_IDLE_UTIL / max(util, 0.5)
+    if util is not None and util >= LAUNCH_MIN_UTIL:
+        level = min(level, 0.99)  # kernels are running: tiny ones (launch-bound), not an idle GPU
+    explained = max(sig.get("py.main.data") or 0.0, sig.get("probe.data_wait_share") or 0.0,
+                    sig.get("py.main.cuda") or 0.0, sig.get("py.main.gil") or 0.0,
+                    sig.get("py.main.collective") or 0.0)
+    if explained >= EXPLAINED_IDLE_SHARE:
+        level = min(level, 0.99)  # another verdict names the reason
+    level = min(level, 10.0)
+    running = sig.get("py.main.running")
+    cpu = sig.get("proc.main.cpu_pct")
+    doing = ("the main thread is busy on the CPU" if (running or (cpu or 0) / 100.0) >= 0.5
+             else "the main thread is mostly idle (sleeping, I/O, locks)")
+    return Finding("gpu_idle", "GPU idle: the job is not using the GPU", SEVERITY_WARNING, level,
+                   _idle_share(sig) if sm is not None else 1.0 - (util or 0) / 100.0,
+                   _confidence(0.8, _missing(sig, "gpm", "stacks")),
+                   {"sm_active_pct": _r(sm, 2), "util_gpu_pct": _r(util), "main_running_pct": _pct(running),
+                    "main_cpu_pct": _r(cpu)},
+                   "The GPU has nothing to do and the process is not waiting for data or the GPU: "
+                   f"{doing}. Check that the model and tensors are on the GPU (.to('cuda')), and what the "
+                   "main thread does in the hot frames view.",
+                   f"SMs {sm:.1f}% active" if sm is not None else f"util.gpu {util:.0f}%",
+                   _missing(sig, "gpm", "stacks"))
+
+
+# Order = specificity: on equal lost share (or losses under the engine's MIN_PRIMARY_LOSS), the
+# earlier rule explains more. The zero-loss verdicts come last: memory_bound (a specific kind of
+# busy GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
+RULES: list[Callable[[Signals], Finding | None]] = [
+    input_bound, h2d_copy_bound, sync_stall, gil_contention, communication_bound, launch_bound,
+    host_memory_pressure, cpu_throttled, gpu_idle, memory_bound, gpu_bound, clock_throttled, gpu_memory_pressure,
+]
+VERDICT_IDS = ("gpu_bound", "input_bound", "h2d_copy_bound", "launch_bound", "gil_contention", "sync_stall",
+               "memory_bound", "clock_throttled", "host_memory_pressure", "cpu_throttled", "gpu_memory_pressure",
+               "communication_bound", "gpu_idle")

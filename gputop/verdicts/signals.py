@@ -1,0 +1,189 @@
+"""From a window of samples to the few numbers the verdict rules reason about.
+
+``build_signals(store, now)`` reads the last ``window_s`` seconds of every source and returns
+``Signals``: named numbers (None when unknown), which sources contributed, and a few
+non-numeric facts for evidence (the hottest sync line, the DataLoader's settings...).
+Shares are fractions 0-1; GPU percentages stay percentages as NVML reports them.
+
+Everything here is a pure function of the store's contents, so a replay derives the same
+signals as the live session did.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gputop.derive.stats import is_number
+
+WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
+
+THERMAL_EVENTS = ("sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake")
+POWER_EVENTS = ("sw_power_cap",)
+
+
+@dataclass
+class Signals:
+    now: float
+    window_s: float
+    values: dict[str, float | None] = field(default_factory=dict)
+    facts: dict[str, object] = field(default_factory=dict)
+    have: set[str] = field(default_factory=set)    # sources that contributed: nvml gpm host stacks probe psi cgroup
+
+    def get(self, name: str) -> float | None:
+        v = self.values.get(name)
+        return v if is_number(v) else None
+
+    def set(self, name: str, value) -> None:
+        self.values[name] = float(value) if is_number(value) and math.isfinite(value) else None
+
+
+def _mean(xs):
+    xs = [x for x in xs if is_number(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _window(store, kind, since):
+    return store.window(kind, since)
+
+
+def _gpu_signals(store, since: float, sig: Signals) -> None:
+    infos = store.latest_of_kind("gpu_info")
+    series = _window(store, "gpu", since)
+    if not series:
+        return
+    # The GPUs to judge: those the target uses, else those the user chose, else all watched.
+    chosen = [k for k, s in infos.items() if s.get("chosen_by") == "target"]
+    if not chosen:
+        chosen = [k for k, s in infos.items() if s.get("chosen_by") == "user"]
+    if not chosen:
+        chosen = [k for k, s in infos.items() if s.get("watched") is not False] or list(series)
+    keys = [k for k in chosen if k in series]
+    if not keys:
+        return
+    sig.have.add("nvml")
+    sig.facts["gpus"] = keys
+    per_gpu: dict[str, dict[str, float | None]] = {}
+    for k in keys:
+        samples = series[k]
+        info = infos.get(k)
+        row: dict[str, float | None] = {}
+        for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "pcie_rx_mibs",
+                     "pcie_tx_mibs", "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_sm_mhz",
+                     "mem_used", "mem_total", "power_limit_w"):
+            row[name] = _mean(s.data.get(name) for s in samples)
+        n = len(samples)
+        events = [s.data.get("clock_events") or [] for s in samples]
+        row["power_cap_share"] = sum(any(e in POWER_EVENTS for e in ev) for ev in events) / n
+        row["thermal_share"] = sum(any(e in THERMAL_EVENTS for e in ev) for ev in events) / n
+        max_clock = info.get("clock_sm_max_mhz") if info else None
+        row["clock_ratio"] = (row["clock_sm_mhz"] / max_clock) if (row["clock_sm_mhz"] and is_number(max_clock) and max_clock) else None
+        row["mem_used_frac"] = (row["mem_used"] / row["mem_total"]) if (row["mem_used"] is not None and row["mem_total"]) else None
+        per_gpu[k] = row
+    for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "pcie_rx_mibs", "pcie_tx_mibs",
+                 "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_ratio", "power_cap_share", "thermal_share"):
+        sig.set(f"gpu.{name}", _mean(r[name] for r in per_gpu.values()))
+    sig.set("gpu.mem_used_frac", max((r["mem_used_frac"] for r in per_gpu.values() if r["mem_used_frac"] is not None), default=None))
+    if sig.get("gpu.sm_active") is not None:
+        sig.have.add("gpm")
+    sig.facts["gpu_names"] = sorted({str(infos[k].get("name")) for k in keys if k in infos})
+
+
+def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> None:
+    system = _window(store, "system", since).get("host", [])
+    if system:
+        sig.have.add("host")
+        sig.set("host.cpu_pct", _mean(s.get("cpu_pct") for s in system))
+        sig.set("host.cpu_count", system[-1].get("cpu_count"))
+        avail = [s.get("mem_available") / s.get("mem_total") for s in system
+                 if is_number(s.get("mem_available")) and is_number(s.get("mem_total")) and s.get("mem_total")]
+        sig.set("host.mem_available_frac", min(avail) if avail else None)
+        swap = [(s.get("swap_in_bps") or 0) + (s.get("swap_out_bps") or 0) for s in system
+                if is_number(s.get("swap_in_bps")) or is_number(s.get("swap_out_bps"))]
+        sig.set("host.swap_bps", _mean(swap))
+        thr = [s.get("cgroup_throttled_pct") for s in system if is_number(s.get("cgroup_throttled_pct"))]
+        if thr:
+            sig.have.add("cgroup")
+            sig.set("host.cgroup_throttled_pct", _mean(thr))
+        sig.set("host.cgroup_cpu_limit", system[-1].get("cgroup_cpu_limit"))
+        cg_mem = [s.get("cgroup_mem_used") / s.get("cgroup_mem_limit") for s in system
+                  if is_number(s.get("cgroup_mem_used")) and is_number(s.get("cgroup_mem_limit")) and s.get("cgroup_mem_limit")]
+        sig.set("host.cgroup_mem_frac", max(cg_mem) if cg_mem else None)
+        psi = [s.get("psi_mem_some_pct") for s in system if is_number(s.get("psi_mem_some_pct"))]
+        if psi:
+            sig.have.add("psi")
+            sig.set("host.psi_mem_some_pct", _mean(psi))
+            sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
+    procs = _window(store, "proc", since)
+    workers = []
+    for pid, samples in procs.items():
+        role = samples[-1].get("role")
+        cpu = _mean(s.get("cpu_pct") for s in samples)
+        if pid == target_pid or role == "main":
+            sig.set("proc.main.cpu_pct", cpu)
+            sig.set("proc.main.majflt_ps", _mean(s.get("majflt_ps") for s in samples))
+        elif role == "dataloader_worker":
+            workers.append(cpu)
+    if workers:
+        sig.set("proc.workers.count", len(workers))
+        sig.set("proc.workers.cpu_pct_mean", _mean(workers))
+        sig.set("proc.workers.busy", sum(1 for c in workers if c is not None and c >= 80.0))
+
+
+def _stack_signals(store, since: float, sig: Signals) -> None:
+    states = store.latest_of_kind("thread_state")
+    if not states:
+        return
+    fresh = {k: s for k, s in states.items() if s.t >= since}
+    main = next((s for s in fresh.values() if s.get("role") == "main"), None)
+    if main is None:
+        return
+    sig.have.add("stacks")
+    for state in ("running", "gil", "data", "cuda", "collective", "idle", "cpu_wait", "unknown"):
+        v = main.get(f"{state}_pct")
+        sig.set(f"py.main.{state}", v / 100.0 if is_number(v) else None)
+    others = [s for s in fresh.values() if s.get("role") == "thread" and s is not main]
+    busy = sorted(((s.get("running_pct") or 0.0, s.get("name") or s.key) for s in others), reverse=True)
+    sig.set("py.others.running_sum", sum(r for r, _ in busy) / 100.0 if busy else 0.0)
+    sig.facts["busy_threads"] = [(name, round(r)) for r, name in busy if r >= 20.0][:5]
+
+
+def _probe_signals(store, since: float, sig: Signals) -> None:
+    steps = _window(store, "probe_step", since)
+    if not steps:
+        return
+    # One rank here (many-rank jobs are judged per rank); take the busiest-reporting process.
+    key, samples = max(steps.items(), key=lambda kv: len(kv[1]))
+    step_sum = sum(s.get("step_s_sum") or 0.0 for s in samples)
+    n = sum(s.get("step_n") or 0 for s in samples)
+    if n == 0 or step_sum <= 0:
+        sig.have.add("probe")
+        sig.set("probe.steps_per_s", 0.0)
+        return
+    sig.have.add("probe")
+    span = sum(s.get("window_s") or 0.0 for s in samples)
+    sig.set("probe.steps_per_s", n / span if span else None)
+    sig.set("probe.step_ms", 1000.0 * step_sum / n)
+    wait = [s.get("data_wait_s_sum") for s in samples if is_number(s.get("data_wait_s_sum"))]
+    sig.set("probe.data_wait_share", sum(wait) / step_sum if wait else None)
+    gpu_n = sum(s.get("gpu_n") or 0 for s in samples)
+    gpu_sum = sum(s.get("gpu_s_sum") or 0.0 for s in samples)
+    sig.set("probe.gpu_share", (gpu_sum / gpu_n) / (step_sum / n) if gpu_n else None)
+    syncs = [s.get("syncs") for s in samples if is_number(s.get("syncs"))]
+    sig.set("probe.syncs_per_step", sum(syncs) / n if syncs else None)
+    cfg = store.latest("probe_config", key)
+    if cfg is not None:
+        sig.facts["probe_config"] = dict(cfg.data)
+    sync = store.latest("probe_sync", key)
+    if sync is not None and sync.get("lines"):
+        sig.facts["sync_top"] = sync.get("lines")[0]
+
+
+def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str | None = None) -> Signals:
+    since = now - window_s
+    sig = Signals(now=now, window_s=window_s)
+    _gpu_signals(store, since, sig)
+    _host_signals(store, since, sig, target_pid)
+    _stack_signals(store, since, sig)
+    _probe_signals(store, since, sig)
+    return sig

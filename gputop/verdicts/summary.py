@@ -1,0 +1,101 @@
+"""Verdicts over a whole session: the report's ``verdicts`` and ``primary_verdict``.
+
+Pure functions over the engine's output samples (``verdict``, ``verdict_primary``,
+``verdict_change``), whether they were just recomputed from raw samples or read from a file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from gputop.model import Sample
+from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_PRIMARY
+
+
+def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, interval_s: float = 1.0) -> dict:
+    """{"verdicts": {id: {...}}, "primary_verdict": {...} | None, "timeline": [...]}"""
+    duration = max(t_end - t_start, interval_s)
+    active_n: Counter = Counter()
+    last: dict[str, dict] = {}
+    first_seen: dict[str, float] = {}
+    evidence: dict[str, list[dict]] = defaultdict(list)
+    primary_n: Counter = Counter()
+    primary_first: dict[str, float] = {}
+    timeline = []
+    first_verdict_t = None
+    evaluations = 0
+    for s in samples:
+        if s.kind == KIND_VERDICT and s.get("active"):
+            active_n[s.key] += 1
+            last[s.key] = dict(s.data)
+            evidence[s.key].append(s.get("evidence") or {})
+            first_seen.setdefault(s.key, s.get("since") if s.get("since") is not None else s.t)
+        elif s.kind == KIND_VERDICT_PRIMARY:
+            evaluations += 1
+            pid = s.get("id")
+            if pid:
+                primary_n[pid] += 1
+                primary_first.setdefault(pid, s.t)
+                if first_verdict_t is None:
+                    first_verdict_t = s.t
+        elif s.kind == "verdict_change":
+            timeline.append({"t": round(s.t - t_start, 1), "id": s.key, "active": s.get("active"),
+                             "title": s.get("title")})
+    verdicts = {}
+    for vid, n in active_n.most_common():
+        d = last[vid]
+        verdicts[vid] = {
+            "title": d.get("title"), "severity": d.get("severity"),
+            "active_share": round(min(1.0, n * interval_s / duration), 3),
+            "primary_share": round(min(1.0, primary_n.get(vid, 0) / evaluations), 3) if evaluations else 0.0,
+            "first_seen_s": round(first_seen[vid] - t_start, 1),
+            "lost_share_last": d.get("lost_share"), "confidence": d.get("confidence"),
+            "summary": d.get("summary"), "evidence": _evidence_summary(evidence[vid]),
+            "advice": d.get("advice"), "missing": d.get("missing") or [],
+        }
+    primary = None
+    if primary_n:
+        vid, n = primary_n.most_common(1)[0]
+        primary = {"id": vid, "title": verdicts.get(vid, {}).get("title"),
+                   "share": round(n / evaluations, 3),
+                   "first_seen_s": round(primary_first[vid] - t_start, 1),
+                   "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
+    return {"verdicts": verdicts, "primary_verdict": primary, "timeline": timeline,
+            "first_verdict_s": round(first_verdict_t - t_start, 1) if first_verdict_t is not None else None}
+
+
+def _evidence_summary(rows: list[dict]) -> dict:
+    """Mean of each numeric evidence field over the time the verdict was active; the last value
+    of the others."""
+    out: dict = {}
+    nums: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                nums[k].append(float(v))
+            elif v is not None:
+                out[k] = v
+    for k, vs in nums.items():
+        out[k] = round(sum(vs) / len(vs), 2)
+    return out
+
+
+def render_verdicts_text(section: dict) -> list[str]:
+    lines = ["Triage (verdicts, ranked by the share of the session each explained)"]
+    p = section.get("primary_verdict")
+    if p is None:
+        lines.append("  no verdict: not enough data (a few seconds of GPU or Python samples are needed)")
+        return lines
+    lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the session, "
+                 f"from {p['first_seen_s']:.0f} s")
+    if p.get("summary"):
+        lines.append(f"           evidence: {p['summary']}")
+    if p.get("advice"):
+        lines.append(f"           try: {p['advice']}")
+    others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
+    for vid, v in sorted(others, key=lambda kv: -kv[1]["active_share"]):
+        lines.append(f"  {v['severity']:<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
+                     f"of the session; {v.get('summary') or ''}")
+    if section.get("first_verdict_s") is not None:
+        lines.append(f"  first verdict {section['first_verdict_s']:.1f} s after the session started")
+    return lines
