@@ -75,6 +75,10 @@ METRICS: list[MetricSpec] = [
     _m(KIND_SYSTEM, "swap_used", "B", "swap used", "swap space in use (SwapTotal - SwapFree)"),
     _m(KIND_SYSTEM, "swap_in_bps", "B/s", "swap in", "bytes read back from swap per second (pswpin x page size)"),
     _m(KIND_SYSTEM, "swap_out_bps", "B/s", "swap out", "bytes written to swap per second (pswpout x page size)"),
+    _m(KIND_SYSTEM, "psi_mem_some_pct", "%", "mem stall", "share of time some task was stalled waiting for memory (reclaim, refaults, swap-in), /proc/pressure/memory"),
+    _m(KIND_SYSTEM, "psi_mem_full_pct", "%", "mem stall all", "share of time all non-idle tasks were stalled on memory at once"),
+    _m(KIND_SYSTEM, "psi_io_some_pct", "%", "io stall", "share of time some task was stalled waiting for I/O, /proc/pressure/io"),
+    _m(KIND_SYSTEM, "psi_cpu_some_pct", "%", "cpu stall", "share of time some runnable task waited for a CPU, /proc/pressure/cpu"),
     _m(KIND_SYSTEM, "cgroup_cpu_limit", "cores", "CPU limit", "CPU quota of the target's cgroup in cores (quota / period); none if unlimited"),
     _m(KIND_SYSTEM, "cgroup_throttled_pct", "%", "throttled", "share of the cgroup's CFS periods in which it hit its CPU quota and was paused"),
     _m(KIND_SYSTEM, "cgroup_throttled_ms_per_s", "ms/s", "throttled ms/s", "time the cgroup's tasks spent paused by the CPU quota, per second"),
@@ -86,6 +90,7 @@ METRICS: list[MetricSpec] = [
     _m(KIND_PROC, "cpu_wait_pct", "%", "runq wait", "time its threads were ready to run but waited for a CPU (100 = one thread waiting all the time)"),
     _m(KIND_PROC, "rss", "B", "RSS", "resident memory; pages shared with other processes count in each"),
     _m(KIND_PROC, "threads", "", "threads", "number of threads"),
+    _m(KIND_PROC, "majflt_ps", "/s", "major faults/s", "page faults per second that had to read from disk or swap (/proc/PID/stat majflt)"),
     _m(KIND_PROC, "ctx_vol_ps", "/s", "vol cs/s", "voluntary context switches per second, all threads (blocking: I/O, locks, the GIL, sleeps)"),
     _m(KIND_PROC, "ctx_invol_ps", "/s", "invol cs/s", "involuntary context switches per second, all threads (preempted: more runnable threads than cores)"),
     _m(KIND_PROC, "io_read_bps", "B/s", "disk read", "bytes the process caused to be read from storage per second (/proc/PID/io read_bytes)"),
@@ -192,7 +197,7 @@ def _parse_stat(data: bytes) -> tuple[str, str, list[bytes]]:
 
 
 # Indexes into _parse_stat's fields (man 5 proc field number minus 3).
-F_PPID, F_UTIME, F_STIME, F_THREADS, F_RSS = 1, 11, 12, 17, 21
+F_PPID, F_MAJFLT, F_UTIME, F_STIME, F_THREADS, F_RSS = 1, 9, 11, 12, 17, 21
 
 
 def _field_after(data: bytes, label: bytes) -> int | None:
@@ -568,6 +573,7 @@ class HostSource:
         self._cpu_prev: tuple[int, int, int, int] | None = None
         self._cg_prev: tuple | None = None         # (periods, throttled, usec, t, cgroup dir)
         self._sys_files: dict[str, _File] = {}
+        self._psi_missing: set[str] = set()          # /proc/pressure files this kernel lacks
         self._has_schedstat = _schedstat_works()
         self.target_state: str | None = None       # None until the first tick
         self.target_exit_t: float | None = None
@@ -729,8 +735,30 @@ class HostSource:
         pin, pout = _field_after(vm, b"\npswpin "), _field_after(vm, b"\npswpout ")
         d["swap_in_bps"] = _bps(rates.rate("swpin", None if pin is None else pin * PAGE_SIZE, t))
         d["swap_out_bps"] = _bps(rates.rate("swpout", None if pout is None else pout * PAGE_SIZE, t))
+        self._sample_pressure(t, d)
         self._sample_cgroup(t, d)
         return d
+
+    def _sample_pressure(self, t: float, d: dict) -> None:
+        """Pressure stall information (Linux >= 4.20): the share of wall time in which some (or
+        all) runnable tasks were stalled on memory, I/O or CPU, from the cumulative ``total=``
+        microsecond counters over our own interval (not the kernel's 10 s average, which lags)."""
+        rates = self._sys_rates
+        for res, lines in (("mem", ("some", "full")), ("io", ("some",)), ("cpu", ("some",))):
+            path = f"/proc/pressure/{'memory' if res == 'mem' else res}"
+            try:
+                text = self._sys_file(path, 256).read() if path not in self._psi_missing else b""
+            except (_Gone, OSError):
+                self._psi_missing.add(path)
+                text = b""
+            for which in lines:
+                total = None
+                for line in text.split(b"\n"):
+                    if line.startswith(which.encode()):
+                        _, _, tail = line.rpartition(b"total=")
+                        total = int(tail) if tail.strip().isdigit() else None
+                rate = rates.rate(f"psi_{res}_{which}", None if total is None else total / 1e6, t)
+                d[f"psi_{res}_{which}_pct"] = None if rate is None else clean_float(min(100.0, 100.0 * rate), 2)
 
     def _sample_cgroup(self, t: float, d: dict) -> None:
         d["cgroup_cpu_limit"] = d["cgroup_throttled_pct"] = d["cgroup_throttled_ms_per_s"] = None
@@ -847,6 +875,7 @@ class HostSource:
             raise _Gone(proc.base)
         nthreads = int(f[F_THREADS])
         utime, stime = int(f[F_UTIME]), int(f[F_STIME])
+        majflt = int(f[F_MAJFLT])
         proc.ppid = int(f[F_PPID])
         # Threads: context switches and run-queue waits are per thread in Linux. The task
         # directory is listed again only when the thread count changed or a thread vanished
@@ -893,6 +922,7 @@ class HostSource:
             "cpu_pct": _pct(cpu), "user_pct": _pct(user), "sys_pct": _pct(sys_), "cpu_wait_pct": _pct(wait),
             "rss": int(f[F_RSS]) * PAGE_SIZE,
             "threads": nthreads,
+            "majflt_ps": _r1(r.rate("majflt", majflt, t)),
             "ctx_vol_ps": _r1(r.rate("vol", vol, t)),
             "ctx_invol_ps": _r1(r.rate("invol", invol, t)),
             "io_read_bps": None, "io_write_bps": None, "io_rchar_bps": None, "io_wchar_bps": None,
