@@ -1,0 +1,134 @@
+"""Which Python frames mean "waiting": the table the thread-state derivation classifies with.
+
+A py-spy stack (root first) is put in one category:
+
+    data        blocked in (or running inside) the DataLoader iterator: time in next(loader)
+    collective  inside a torch.distributed collective (all_reduce, barrier, ...)
+    cuda        waiting for the GPU: torch.cuda.synchronize, Event/Stream.synchronize, or an
+                innermost line that forces a sync: .item(), .cpu(), .tolist(), .numpy(), .to("cpu")
+    idle        the innermost frame is a known blocking call (sleep, lock, queue, select, join...)
+    python      none of the above: running Python (or native code called from it), or waiting
+                for the GIL there; the kernel samples tell those apart (gputop.derive.threads)
+    unknown     py-spy saw the thread but no Python frame
+
+Categories are tried in the order of ``PRIORITY``: a ``time.sleep`` inside a Dataset's
+``__getitem__`` run by a single-process DataLoader is data wait, not idle, because the user is
+waiting in ``next()``. Frame rules with ``where="any"`` match any frame of the stack; ``"leaf"``
+rules and the line rules look at the innermost Python frame only.
+
+To extend: add a ``FrameRule`` (a file path suffix and function names) or a ``LineRule`` (a
+regular expression over the innermost line's source text) below; tests/test_threads_rules.py
+runs every rule over real captured py-spy output. Recordings keep the raw stacks, so a replay
+picks up new rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DATA, COLLECTIVE, CUDA, IDLE, PYTHON, UNKNOWN = "data", "collective", "cuda", "idle", "python", "unknown"
+PRIORITY = (DATA, COLLECTIVE, CUDA, IDLE)
+CATEGORIES = (DATA, COLLECTIVE, CUDA, IDLE, PYTHON, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    category: str
+    file: str                  # path suffix, "/"-separated ("torch/utils/data/dataloader.py")
+    funcs: frozenset[str]      # function names; empty: any function of the file
+    where: str = "any"         # "any": any frame of the stack; "leaf": the innermost only
+    why: str = ""
+
+    def matches(self, name: str, path: str) -> bool:
+        if not (path == self.file or path.endswith("/" + self.file)):
+            return False
+        if not self.funcs:
+            return True
+        # Python >= 3.11 gives qualified names ("Queue.get"), older ones the bare name.
+        return name in self.funcs or name.rpartition(".")[2] in self.funcs
+
+
+@dataclass(frozen=True)
+class LineRule:
+    category: str
+    pattern: re.Pattern
+    why: str = ""
+
+
+def _f(category, file, funcs, where="any", why=""):
+    return FrameRule(category, file, frozenset(funcs.split()), where, why)
+
+
+_COLLECTIVES = ("all_reduce all_reduce_coalesced all_gather all_gather_into_tensor _all_gather_base "
+                "all_gather_object all_gather_coalesced reduce_scatter reduce_scatter_tensor "
+                "_reduce_scatter_base all_to_all all_to_all_single broadcast broadcast_object_list "
+                "reduce gather gather_object scatter scatter_object_list barrier monitored_barrier "
+                "send recv batch_isend_irecv")
+
+FRAME_RULES: tuple[FrameRule, ...] = (
+    # DataLoader: everything under the iterator's __next__ is time the loop waits for a batch
+    # (in a single-process loader that includes running the Dataset itself).
+    _f(DATA, "torch/utils/data/dataloader.py", "__next__", why="inside next(DataLoader iterator)"),
+    _f(COLLECTIVE, "torch/distributed/distributed_c10d.py", _COLLECTIVES, why="torch.distributed collective"),
+    _f(CUDA, "torch/cuda/__init__.py", "synchronize", why="torch.cuda.synchronize()"),
+    _f(CUDA, "torch/cuda/streams.py", "synchronize", why="CUDA stream/event synchronize()"),
+    # Known blocking calls of the standard library, when they are the innermost frame.
+    _f(IDLE, "threading.py", "wait wait_for join _wait_for_tstate_lock acquire", "leaf", "threading wait"),
+    _f(IDLE, "queue.py", "get put join", "leaf", "queue.Queue wait"),
+    _f(IDLE, "selectors.py", "select", "leaf", "select/poll"),
+    _f(IDLE, "multiprocessing/connection.py", "wait _poll poll _recv _recv_bytes recv_bytes recv accept",
+       "leaf", "multiprocessing pipe wait"),
+    _f(IDLE, "multiprocessing/queues.py", "get", "leaf", "multiprocessing queue wait"),
+    _f(IDLE, "subprocess.py", "wait _wait _try_wait communicate _communicate", "leaf", "waiting for a child process"),
+    _f(IDLE, "socket.py", "accept readinto recv_into", "leaf", "socket I/O"),
+    _f(IDLE, "ssl.py", "read recv recv_into", "leaf", "TLS socket I/O"),
+    _f(IDLE, "concurrent/futures/_base.py", "result wait as_completed", "leaf", "waiting for a future"),
+    _f(IDLE, "asyncio/base_events.py", "_run_once", "leaf", "asyncio event loop idle"),
+)
+
+# Over the *innermost* frame's source line (the call the thread is in when that call is C code,
+# which has no Python frame of its own).
+LINE_RULES: tuple[LineRule, ...] = (
+    LineRule(CUDA, re.compile(r"\.(item|cpu|tolist|numpy)\(\s*\)|\bsynchronize\(\s*\)"
+                              r"|\.to\(\s*(device\s*=\s*)?['\"]cpu['\"]"),
+             "a call that waits for the GPU (.item(), .cpu(), .tolist(), .numpy(), .to('cpu'), synchronize())"),
+    LineRule(IDLE, re.compile(r"\bsleep\(|\.acquire\(|\.recv(_into|from)?\(|\.accept\(|\bselect\("),
+             "a blocking call (sleep, lock acquire, socket receive, select)"),
+)
+
+
+def classify(frames: list, stack: list[int], leaf_code: str | None) -> tuple[str, str]:
+    """(category, why) of one stack. ``frames`` is the sample's frame table ([name, file,
+    line]); ``stack`` indexes into it, root first; ``leaf_code`` is the innermost line's text."""
+    if not stack:
+        return UNKNOWN, "no Python frame"
+    leaf = len(stack) - 1
+    found: dict[str, str] = {}
+    for pos, i in enumerate(stack):
+        if not (0 <= i < len(frames)):
+            continue
+        name, path = frames[i][0], frames[i][1]
+        for rule in FRAME_RULES:
+            if rule.category in found or (rule.where == "leaf" and pos != leaf):
+                continue
+            if rule.matches(name, path):
+                found[rule.category] = rule.why
+    if leaf_code:
+        for lr in LINE_RULES:
+            if lr.category not in found and lr.pattern.search(leaf_code):
+                found[lr.category] = lr.why
+    for cat in PRIORITY:
+        if cat in found:
+            return cat, found[cat]
+    return PYTHON, ""
+
+
+def is_dataloader_worker(frames: list, stack: list[int]) -> bool:
+    """A torch DataLoader worker process's main loop is on this stack."""
+    for i in stack:
+        if 0 <= i < len(frames):
+            name, path = frames[i][0], frames[i][1]
+            if path.endswith("torch/utils/data/_utils/worker.py") and name.rpartition(".")[2] == "_worker_loop":
+                return True
+    return False

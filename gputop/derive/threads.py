@@ -1,0 +1,571 @@
+"""Thread states: what share of recent time each thread of the target spent doing what.
+
+Input: the stack source's raw samples (gputop/sources/stacks.py), live or replayed:
+
+- ``stacks``/PID: py-spy windows: per thread, de-duplicated stacks with sample counts;
+- ``thread_kernel``/PID: per thread, counts of kernel wait classes (``run``, ``gil``, ``lock``,
+  ``sleep``, ``poll``, ``io``, ``other``) sampled at ~50 Hz, and exact on-CPU and run-queue
+  seconds from schedstat.
+
+Output (the ``ThreadStateProcessor``, every 2 s, over the last ``horizon_s`` = 10 s):
+``thread_state``/"PID:TID" with the share of time, in percent, in each state of ``STATES``.
+
+How the two inputs are fused (docs/metrics.md, "Python stacks", has the long form):
+
+1. py-spy's frames give the *waits the user cares about by name*: ``data`` (inside the
+   DataLoader iterator), ``cuda`` (synchronize, ``.item()``...), ``collective`` (torch.distributed),
+   and known blocking calls (``idle`` frames). See gputop/derive/frame_rules.py.
+2. The kernel gives what frames cannot: exact CPU time, time waiting for a CPU (run queue),
+   and, of the time off the CPU, how much was blocked on the GIL (a futex in the Python
+   runtime's static data) versus other waits (sleep, locks, I/O).
+3. ``gil`` = kernel GIL share, charged to the time outside the named waits;
+   ``idle`` = the larger of the idle frames' share and the kernel's non-GIL off-CPU share not
+   explained by the named waits; the rest is split between ``running`` and ``cpu_wait`` in the
+   thread's on-CPU : run-queue ratio (schedstat).
+
+A thread seen only by the kernel (a native thread: CUDA, OpenMP, or any thread when py-spy is
+off) gets running / cpu_wait / gil / idle; one seen only by py-spy (no /proc access) gets its
+named waits and idle frames, and the rest is ``unknown``: running and GIL wait look the same
+from frames alone. Nothing is guessed: a share that cannot be known is None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from gputop.derive import frame_rules as fr
+from gputop.model import KIND_HEALTH, MetricSpec, Sample
+from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL, SOURCE_NAME, WAIT_CLASSES
+
+KIND_THREAD_STATE = "thread_state"
+
+STATES = ("running", "gil", "data", "cuda", "collective", "idle", "cpu_wait", "unknown")
+STATE_LABELS = {
+    "running": "running Python", "gil": "GIL wait", "data": "DataLoader wait", "cuda": "CUDA sync",
+    "collective": "collective", "idle": "idle", "cpu_wait": "waiting for a CPU", "unknown": "unknown",
+}
+ROLE_MAIN, ROLE_THREAD, ROLE_WORKER, ROLE_CHILD = "main", "thread", "dataloader_worker", "child"
+
+DEFAULT_HORIZON_S = 10.0
+NATIVE_MIN_CPU = 0.05   # threads without Python frames are published only when this busy
+_K = {c: i for i, c in enumerate(WAIT_CLASSES)}
+_IDLE_CLASSES = ("lock", "sleep", "poll", "io", "other")
+
+METRICS: list[MetricSpec] = [
+    MetricSpec(KIND_THREAD_STATE, f"{s}_pct", "%", STATE_LABELS[s], h) for s, h in (
+        ("running", "on a CPU in Python code or native code called from it (torch ops, hashing...)"),
+        ("gil", "blocked waiting for the GIL (kernel: futex on the Python runtime's GIL)"),
+        ("data", "inside next() of a torch DataLoader iterator (py-spy frames)"),
+        ("cuda", "waiting for the GPU: synchronize(), .item(), .cpu(), .tolist(), event/stream sync (py-spy frames)"),
+        ("collective", "inside a torch.distributed collective (py-spy frames)"),
+        ("idle", "blocked off the CPU outside the waits above: sleep, lock, queue, I/O, select"),
+        ("cpu_wait", "ready to run but waiting for a free CPU core (schedstat run-queue time)"),
+        ("unknown", "not attributable: no Python frame, or running vs GIL wait unknown without /proc access"),
+    )
+] + [
+    MetricSpec(KIND_THREAD_STATE, "cpu_pct", "%", "CPU", "on-CPU time of the thread per wall second (schedstat; 100 = one core)"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation
+
+
+@dataclass
+class ThreadAgg:
+    pid: int
+    tid: int | str
+    name: str | None = None          # Python thread name (py-spy)
+    comm: str | None = None          # kernel thread name (/proc/.../comm)
+    main_proc: bool = False
+    worker: bool = False
+    # py-spy
+    n: int = 0
+    cats: Counter = field(default_factory=Counter)
+    leaf: Counter = field(default_factory=Counter)   # (func, file, line) -> samples
+    frames_s: float = 0.0
+    # kernel
+    k: list = field(default_factory=lambda: [0] * len(WAIT_CLASSES))
+    cpu_s: float | None = None
+    runq_s: float | None = None
+    span_s: float = 0.0
+    sched_span_s: float = 0.0
+    gil_known: bool | None = None
+    python_proc: bool | None = None
+
+
+def _num(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+class _ClassifyCache:
+    """Stacks samples are immutable: classify each once. Keyed by identity; the sample is kept
+    in the entry so its id cannot be reused while cached."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._d: OrderedDict[int, tuple[Sample, dict]] = OrderedDict()
+
+    def get(self, s: Sample) -> dict:
+        hit = self._d.get(id(s))
+        if hit is not None and hit[0] is s:
+            self._d.move_to_end(id(s))
+            return hit[1]
+        res = _classify_sample(s)
+        self._d[id(s)] = (s, res)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return res
+
+    def clear(self) -> None:
+        self._d.clear()
+
+
+def _classify_sample(s: Sample) -> dict:
+    """{tid: (name, n, Counter categories, Counter leaf frames, worker?)} of one stacks sample.
+    Malformed parts (a damaged or hostile recording) are skipped, never trusted."""
+    out: dict = {}
+    frames = s.data.get("frames")
+    code = s.data.get("code") or {}
+    threads = s.data.get("threads")
+    if not isinstance(frames, list) or not isinstance(threads, list):
+        return out
+    if not isinstance(code, dict):
+        code = {}
+    frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
+              else ["?", "", 0] for f in frames]
+    for th in threads:
+        if not isinstance(th, dict):
+            continue
+        tid = th.get("tid")
+        if isinstance(tid, bool) or not isinstance(tid, (int, str)):
+            continue
+        cats: Counter = Counter()
+        leaf: Counter = Counter()
+        worker = False
+        n = 0
+        for entry in th.get("stacks") or []:
+            try:
+                count, stack = entry
+                count = int(count)
+                stack = [int(i) for i in stack]
+            except (TypeError, ValueError):
+                continue
+            if count <= 0:
+                continue
+            leaf_code = code.get(str(stack[-1])) if stack else None
+            cat, _why = fr.classify(frames, stack, leaf_code if isinstance(leaf_code, str) else None)
+            cats[cat] += count
+            n += count
+            if stack and 0 <= stack[-1] < len(frames):
+                f = frames[stack[-1]]
+                leaf[(f[0], f[1], f[2] if isinstance(f[2], int) else 0)] += count
+            if not worker and fr.is_dataloader_worker(frames, stack):
+                worker = True
+        dropped = th.get("dropped")
+        if isinstance(dropped, int) and dropped > 0:
+            cats[fr.UNKNOWN] += dropped
+            n += dropped
+        name = th.get("name") if isinstance(th.get("name"), str) else None
+        out[tid] = (name, n, cats, leaf, worker)
+    return out
+
+
+def _tid_key(tid) -> int | str:
+    if isinstance(tid, str) and tid.isdigit():
+        return int(tid)
+    return tid
+
+
+def aggregate(stacks: Iterable[Sample], kernel: Iterable[Sample],
+              cache: _ClassifyCache | None = None) -> dict[tuple[int, int | str], ThreadAgg]:
+    """Sum raw stack and kernel samples per thread."""
+    cache = cache or _ClassifyCache()
+    aggs: dict[tuple[int, int | str], ThreadAgg] = {}
+    worker_pids: set[int] = set()
+
+    def get(pid: int, tid) -> ThreadAgg:
+        a = aggs.get((pid, tid))
+        if a is None:
+            a = aggs[(pid, tid)] = ThreadAgg(pid, tid)
+        return a
+
+    for s in stacks:
+        try:
+            pid = int(s.key)
+        except ValueError:
+            continue
+        dur = _num(s.data.get("dur_s")) or 0.0
+        for tid, (name, n, cats, leaf, worker) in cache.get(s).items():
+            a = get(pid, _tid_key(tid))
+            a.name = name or a.name
+            a.main_proc = a.main_proc or s.data.get("main") is True
+            a.n += n
+            a.cats.update(cats)
+            a.leaf.update(leaf)
+            a.frames_s += dur
+            if worker:
+                worker_pids.add(pid)
+    for s in kernel:
+        try:
+            pid = int(s.key)
+        except ValueError:
+            continue
+        cols = s.data.get("cols")
+        rows = s.data.get("threads")
+        if not isinstance(cols, list) or not isinstance(rows, list):
+            continue
+        idx = {c: i for i, c in enumerate(cols) if isinstance(c, str)}
+        if "tid" not in idx:
+            continue
+        gil_known = s.data.get("gil_known") is True
+        for row in rows:
+            if not isinstance(row, list) or len(row) != len(cols):
+                continue
+            tid = row[idx["tid"]]
+            if isinstance(tid, bool) or not isinstance(tid, (int, str)):
+                continue
+            a = get(pid, _tid_key(tid))
+            a.main_proc = a.main_proc or s.data.get("main") is True
+            if "name" in idx and isinstance(row[idx["name"]], str):
+                a.comm = row[idx["name"]]
+            for c in WAIT_CLASSES:
+                v = row[idx[c]] if c in idx else None
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    a.k[_K[c]] += v
+            span = _num(row[idx["span_s"]]) if "span_s" in idx else None
+            cpu = _num(row[idx["cpu_s"]]) if "cpu_s" in idx else None
+            runq = _num(row[idx["runq_s"]]) if "runq_s" in idx else None
+            if span is None or span <= 0:
+                continue
+            a.span_s += span
+            if cpu is not None and runq is not None and cpu >= 0 and runq >= 0:
+                a.cpu_s = (a.cpu_s or 0.0) + cpu
+                a.runq_s = (a.runq_s or 0.0) + runq
+                a.sched_span_s += span
+            a.gil_known = gil_known if a.gil_known is None else (a.gil_known and gil_known)
+            a.python_proc = s.data.get("python") is True
+    for (pid, _tid), a in aggs.items():
+        a.worker = pid in worker_pids
+    return aggs
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion
+
+
+def _clamp01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def _runq_part(share: float, cpu: float | None, runq: float | None) -> float | None:
+    """The part of ``share`` (time the thread wanted a CPU, outside the named waits) spent
+    waiting for one: the thread's run-queue : on-CPU ratio. Named waits can hold run-queue
+    time too (a thread woken with its batch waits for a core inside next()), so the ratio is
+    used rather than the whole run-queue time."""
+    if cpu is None or runq is None:
+        return None
+    if cpu + runq <= 0:
+        return 0.0
+    return share * runq / (cpu + runq)
+
+
+def fuse(a: ThreadAgg) -> dict[str, float | None]:
+    """Shares (0..1, None = cannot be known) of every state in STATES, plus "cpu"."""
+    out: dict[str, float | None] = dict.fromkeys(STATES)
+    out["cpu"] = None
+    kn = sum(a.k)
+    have_k = kn > 0 or a.sched_span_s > 0
+    cpu = runq = None
+    if a.sched_span_s > 0 and a.cpu_s is not None and a.runq_s is not None:
+        cpu = _clamp01(a.cpu_s / a.sched_span_s)
+        runq = _clamp01(a.runq_s / a.sched_span_s)
+        if cpu + runq > 1:
+            cpu, runq = cpu / (cpu + runq), runq / (cpu + runq)
+        out["cpu"] = cpu
+    # Kernel view: the off-CPU time split by the sampled wait classes.
+    gil_k = idle_k = oncpu_k = off_total = None
+    if have_k:
+        n_off = kn - a.k[_K["run"]]
+        if cpu is not None:
+            oncpu_k = cpu + runq
+            off = max(0.0, 1.0 - oncpu_k)
+        elif kn:
+            oncpu_k = a.k[_K["run"]] / kn
+            off = 1.0 - oncpu_k
+        else:
+            off = None
+        if off is not None:
+            if n_off > 0:
+                g = off * a.k[_K["gil"]] / n_off
+            else:
+                g = 0.0
+            gil_k = g if a.gil_known else None
+            idle_k = off - g if a.gil_known else None
+            off_total = off
+    if a.n > 0:
+        F = {c: a.cats.get(c, 0) / a.n for c in fr.CATEGORIES}
+        u = F[fr.UNKNOWN]
+        waits = F[fr.DATA] + F[fr.CUDA] + F[fr.COLLECTIVE]
+        out["data"], out["cuda"], out["collective"] = F[fr.DATA], F[fr.CUDA], F[fr.COLLECTIVE]
+        out["unknown"] = u
+        avail = max(0.0, 1.0 - waits - u)
+        if not have_k or oncpu_k is None:
+            # Frames alone: running and GIL wait look the same.
+            out["idle"] = min(avail, F[fr.IDLE])
+            out["unknown"] = u + max(0.0, avail - out["idle"])
+            return out
+        if gil_k is not None:
+            gil = min(gil_k, avail)
+            avail -= gil
+            idle = min(avail, max(F[fr.IDLE], idle_k - waits))
+            rest = avail - idle
+            cw = _runq_part(rest, cpu, runq)
+            out.update(gil=gil, idle=idle, cpu_wait=cw, running=rest - (cw or 0.0))
+            return out
+        # GIL unknown (no /proc syscall access, or not CPython): on-CPU time is known, the
+        # rest of the off-CPU time might be GIL wait or a blocked C call.
+        idle = min(avail, F[fr.IDLE])
+        avail -= idle
+        on = min(avail, oncpu_k)
+        cw = _runq_part(on, cpu, runq)
+        out.update(idle=idle, cpu_wait=cw, running=on - (cw or 0.0), unknown=u + (avail - on))
+        return out
+    if not have_k or off_total is None:
+        return out
+    # Kernel only: a native thread, or py-spy is not running.
+    out["gil"] = gil_k
+    out["idle"] = idle_k if idle_k is not None else None
+    if a.gil_known is False and off_total is not None:
+        if a.python_proc is False:
+            out["gil"] = None
+            out["idle"] = off_total   # no GIL in a process without Python
+        else:
+            out["unknown"] = off_total
+    if cpu is not None:
+        out["running"], out["cpu_wait"] = cpu, runq
+    else:
+        out["running"] = oncpu_k
+    return out
+
+
+def _role(a: ThreadAgg) -> str:
+    if a.main_proc:
+        return ROLE_MAIN if a.tid == a.pid else ROLE_THREAD
+    return ROLE_WORKER if a.worker else ROLE_CHILD
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else round(100.0 * x, 1)
+
+
+def _where(a: ThreadAgg) -> str | None:
+    if not a.leaf:
+        return None
+    (func, path, line), _n = a.leaf.most_common(1)[0]
+    base = path.rsplit("/", 1)[-1] if path else "?"
+    return f"{func} ({base}:{line})"
+
+
+def thread_state(a: ThreadAgg, native_min_cpu: float = NATIVE_MIN_CPU) -> dict | None:
+    """The data of one thread_state sample, or None for a quiet native thread."""
+    shares = fuse(a)
+    python = a.n > 0
+    if not python and (shares["cpu"] or 0.0) < native_min_cpu and (shares["gil"] or 0.0) < 0.01 and not (
+            a.main_proc and a.tid == a.pid):
+        return None
+    known = {s: v for s, v in shares.items() if s in STATES and v is not None}
+    top = max(known, key=lambda s: known[s]) if known else None
+    idle_counts = {c: a.k[_K[c]] for c in _IDLE_CLASSES if a.k[_K[c]]}
+    data = {
+        "pid": a.pid, "tid": a.tid, "name": a.name or a.comm, "comm": a.comm, "role": _role(a),
+        "python": python, "samples": a.n, "kernel_samples": sum(a.k),
+        "window_s": round(max(a.frames_s, a.span_s), 2),
+        **{f"{s}_pct": _pct(shares[s]) for s in STATES},
+        "cpu_pct": _pct(shares["cpu"]),
+        "top": top,
+        "idle_kind": max(idle_counts, key=lambda c: idle_counts[c]) if idle_counts else None,
+        "where": _where(a),
+        "gil_known": a.gil_known,
+    }
+    return data
+
+
+def _order(d: dict) -> tuple:
+    role_rank = {ROLE_MAIN: 0, ROLE_THREAD: 1, ROLE_WORKER: 2, ROLE_CHILD: 3}.get(d["role"], 4)
+    busy = 100.0 - (d.get("idle_pct") or 0.0)
+    return (role_rank, not d["python"], -busy, str(d["tid"]))
+
+
+def thread_states(aggs: dict, native_min_cpu: float = NATIVE_MIN_CPU) -> list[dict]:
+    """thread_state data of every thread worth showing, main thread first."""
+    out = [d for a in aggs.values() if (d := thread_state(a, native_min_cpu)) is not None]
+    out.sort(key=_order)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The processor
+
+
+class ThreadStateProcessor:
+    """Processor: thread_state samples every ``interval_s`` over the last ``horizon_s``."""
+
+    name = "threads"
+    produces = (KIND_THREAD_STATE,)
+
+    def __init__(self, interval_s: float = 2.0, horizon_s: float = DEFAULT_HORIZON_S,
+                 native_min_cpu: float = NATIVE_MIN_CPU) -> None:
+        self.interval_s = interval_s
+        self.horizon_s = horizon_s
+        self.native_min_cpu = native_min_cpu
+        self._cache = _ClassifyCache()
+
+    def process(self, store, now: float) -> list[Sample]:
+        since = now - self.horizon_s
+        stacks = [s for ss in store.window(KIND_STACKS, since).values() for s in ss]
+        kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
+        if not stacks and not kernel:
+            return []
+        aggs = aggregate(stacks, kernel, self._cache)
+        return [Sample(now, KIND_THREAD_STATE, f"{d['pid']}:{d['tid']}", d)
+                for d in thread_states(aggs, self.native_min_cpu)]
+
+    def reset(self) -> None:
+        self._cache.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hot frames
+
+
+def hot_frames(stacks: Iterable[Sample], pid: int | None = None, tid: int | str | None = None,
+               top: int = 20, by: str = "self") -> dict:
+    """The functions with the most samples in the given stacks samples: ``self`` (the
+    innermost frame) and ``total`` (anywhere on the stack, once per sample). Filter by
+    process and thread. Rows: func, file, line (the hottest line of the function), self,
+    total, self_pct, total_pct (of all samples that passed the filter)."""
+    if by not in ("self", "total"):
+        raise ValueError("by must be 'self' or 'total'")
+    self_n: Counter = Counter()
+    total_n: Counter = Counter()
+    lines: dict[tuple, Counter] = {}
+    n_all = 0
+    for s in stacks:
+        if s.kind != KIND_STACKS:
+            continue
+        try:
+            spid = int(s.key)
+        except ValueError:
+            continue
+        if pid is not None and spid != pid:
+            continue
+        frames = s.data.get("frames")
+        threads = s.data.get("threads")
+        if not isinstance(frames, list) or not isinstance(threads, list):
+            continue
+        for th in threads:
+            if not isinstance(th, dict):
+                continue
+            if tid is not None and _tid_key(th.get("tid")) != _tid_key(tid):
+                continue
+            for entry in th.get("stacks") or []:
+                try:
+                    count, stack = int(entry[0]), [int(i) for i in entry[1]]
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if count <= 0:
+                    continue
+                n_all += count
+                seen = set()
+                for pos, i in enumerate(stack):
+                    if not (0 <= i < len(frames)) or not isinstance(frames[i], list) or len(frames[i]) < 3:
+                        continue
+                    fkey = (str(frames[i][0]), str(frames[i][1]))
+                    if fkey not in seen:
+                        seen.add(fkey)
+                        total_n[fkey] += count
+                    if pos == len(stack) - 1:
+                        self_n[fkey] += count
+                        lines.setdefault(fkey, Counter())[frames[i][2]] += count
+    keys = sorted(total_n, key=lambda k: ((self_n[k], total_n[k]) if by == "self" else (total_n[k], self_n[k])),
+                  reverse=True)[:top]
+    rows = []
+    for k in keys:
+        hot_line = lines[k].most_common(1)[0][0] if k in lines else None
+        rows.append({"func": k[0], "file": k[1], "line": hot_line, "self": self_n[k], "total": total_n[k],
+                     "self_pct": round(100.0 * self_n[k] / n_all, 1) if n_all else None,
+                     "total_pct": round(100.0 * total_n[k] / n_all, 1) if n_all else None})
+    return {"samples": n_all, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def _health_summary(health: list[Sample]) -> dict:
+    if not health:
+        return {"state": None, "message": "no health samples from the stack source"}
+    last = health[-1].data
+    rates = [r for h in health if (r := _num(h.data.get("rate_hz"))) is not None]
+    costs = [c for h in health if (c := _num(h.data.get("pyspy_cpu_pct"))) is not None]
+    own = [c for h in health if (c := _num(h.data.get("sampler_cpu_pct"))) is not None]
+    errors = [h.data.get("message") for h in health if h.data.get("state") == "failed" and h.data.get("message")]
+    return {
+        "state": last.get("state"), "message": last.get("message") or "",
+        "rate_hz": round(sum(rates) / len(rates), 2) if rates else None,
+        "rate_requested_hz": last.get("rate_requested_hz"),
+        "restarts": last.get("restarts"), "windows": last.get("windows"),
+        "last_error": last.get("last_error") or (errors[-1] if errors else None),
+        "pyspy_cpu_pct": round(sum(costs) / len(costs), 2) if costs else None,
+        "sampler_cpu_pct": round(sum(own) / len(own), 2) if own else None,
+        "gil_known": last.get("gil_known"),
+    }
+
+
+def report_section(samples: list[Sample]) -> dict:
+    """The "Python stacks" part of ``gputop report``, over every sample given (usually a
+    whole recording). JSON-able. Shares are percent of the time each thread was observed."""
+    stacks = [s for s in samples if s.kind == KIND_STACKS]
+    kernel = [s for s in samples if s.kind == KIND_THREAD_KERNEL]
+    health = sorted((s for s in samples if s.kind == KIND_HEALTH and s.key == SOURCE_NAME), key=lambda s: s.t)
+    sampler = _health_summary(health)
+    if not stacks and not kernel:
+        why = sampler.get("message") or "the stack source did not run"
+        return {"available": False, "why": why, "sampler": sampler}
+    aggs = aggregate(stacks, kernel)
+    threads = thread_states(aggs)
+    main = next((d for d in threads if d["role"] == ROLE_MAIN), None)
+    ts = [s.t for s in stacks + kernel]
+    main_frames = hot_frames(stacks, pid=main["pid"], tid=main["tid"], top=10) if main else None
+
+    def g(key):
+        return main.get(key) if main else None
+
+    workers = [{"pid": d["pid"], "tid": d["tid"], "name": d["name"], "cpu_pct": d["cpu_pct"],
+                "running_pct": d["running_pct"], "idle_pct": d["idle_pct"], "where": d["where"]}
+               for d in threads if d["role"] == ROLE_WORKER]
+    return {
+        "available": True,
+        "covered_s": round(max(ts) - min(ts), 1) if ts else None,
+        "py_spy_windows": len({(s.key, s.t) for s in stacks}),
+        "sampler": sampler,
+        "main_thread": main,
+        "gil_wait_pct": g("gil_pct"),
+        "data_wait_pct": g("data_pct"),
+        "sync_wait_pct": g("cuda_pct"),
+        "collective_pct": g("collective_pct"),
+        "running_pct": g("running_pct"),
+        "threads": threads,
+        "dataloader_workers": workers,
+        "top_frames": {
+            "all": hot_frames(stacks, top=10)["rows"],
+            "main_thread": main_frames["rows"] if main_frames else [],
+        },
+        "states": {s: STATE_LABELS[s] for s in STATES},
+    }
