@@ -359,3 +359,49 @@ def render_text(report: dict) -> str:
             else:
                 lines.append(f"{sec.name}: {report[sec.name]}")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections contributed by the derivations (Python stacks, the in-process probe).
+
+def _stacks_text(sec: dict) -> list[str]:
+    lines = ["Python threads (py-spy stacks + kernel wait states)"]
+    if not sec.get("available"):
+        lines.append(f"  not available: {sec.get('why')}")
+        return lines
+    main = sec.get("main_thread") or {}
+    lines.append(f"  main thread: running {fmt_value(sec.get('running_pct'), '%')}, GIL wait "
+                 f"{fmt_value(sec.get('gil_wait_pct'), '%')}, DataLoader wait {fmt_value(sec.get('data_wait_pct'), '%')}, "
+                 f"CUDA sync wait {fmt_value(sec.get('sync_wait_pct'), '%')}, collectives "
+                 f"{fmt_value(sec.get('collective_pct'), '%')}")
+    if main.get("where"):
+        lines.append(f"  main thread is mostly in: {main['where']}")
+    others = [t for t in sec.get("threads") or [] if t.get("role") == "thread"][:6]
+    for t in others:
+        lines.append(f"  thread {str(t.get('name') or t.get('tid'))[:24]:<24} running {fmt_value(t.get('running_pct'), '%'):>6}"
+                     f"  GIL {fmt_value(t.get('gil_pct'), '%'):>6}  idle {fmt_value(t.get('idle_pct'), '%'):>6}")
+    workers = sec.get("dataloader_workers") or []
+    if workers:
+        cpus = ", ".join(fmt_value(w.get("cpu_pct"), "%") for w in workers[:8])
+        lines.append(f"  DataLoader workers ({len(workers)}): CPU {cpus}")
+    rows = (sec.get("top_frames") or {}).get("main_thread") or []
+    if rows:
+        lines.append("  hottest functions of the main thread (self share of samples):")
+        for r in rows[:5]:
+            lines.append(f"    {fmt_value(r.get('self_pct'), '%'):>6}  {r.get('func')} ({r.get('file')}:{r.get('line')})")
+    return lines
+
+
+def _register_builtin_sections() -> None:
+    from gputop.derive import steps, threads
+    from gputop.model import KIND_HEALTH as _H
+    from gputop.sources.probe_client import PROBE_KINDS
+    from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL
+
+    register_section(ReportSection("stacks", (KIND_STACKS, KIND_THREAD_KERNEL, _H),
+                                   lambda samples, report: threads.report_section(samples), _stacks_text))
+    register_section(ReportSection("probe", (*PROBE_KINDS, _H),
+                                   lambda samples, report: steps.report_section(samples), steps.report_lines))
+
+
+_register_builtin_sections()
