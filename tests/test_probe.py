@@ -1,0 +1,678 @@
+"""The in-process probe, end to end: real training processes (CPU torch), real Unix sockets,
+the real monitor (ProbeClientSource). Each test compares the probe with the job's own count.
+
+Slow part: every job imports torch (several seconds on a busy 2-core machine), so one job
+(``basic_run``) serves many assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gputop.derive.steps import off_reason, report_lines, report_section, step_split
+from gputop.model import Sample
+from gputop.probe import wire
+from gputop.session.launch import LaunchError, launch_with_probe, probe_env
+from gputop.session.recording import Recorder, RecordingReader, RecordingWriter
+from gputop.session.session import LiveSession, SessionClock, base_meta
+from gputop.session.store import CallbackSubscriber
+from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_STEP, ProbeClientSource
+from gputop.sources.target import Target
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = str(ROOT / "tests" / "workloads" / "probe_train.py")
+NO_TORCH = str(ROOT / "tests" / "workloads" / "probe_no_torch.py")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, s: Sample) -> None:
+        with self.lock:
+            self.samples.append(s)
+
+    def of(self, kind: str, key: str | None = None) -> list[Sample]:
+        with self.lock:
+            return [s for s in self.samples if s.kind == kind and (key is None or s.key == key)]
+
+    def last(self, kind: str, key: str | None = None) -> Sample | None:
+        got = self.of(kind, key)
+        return got[-1] if got else None
+
+    def health(self) -> list[dict]:
+        return [dict(s.data) for s in self.of("health", "probe")]
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.05, job: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        if job is not None and job.poll() is not None:
+            raise AssertionError(f"the job exited (rc {job.returncode}) while waiting for {what}")
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def env_with_dir(d: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env[wire.ENV_DIR] = str(d)
+    env.pop("GPUTOP_PROBE_ROOT", None)
+    env.update(extra)
+    return env
+
+
+def start_client(pid: int, scan: float = 0.25) -> tuple[ProbeClientSource, Collector]:
+    col = Collector()
+    src = ProbeClientSource(SessionClock(), Target(pid), scan_interval_s=scan)
+    src.start(col)
+    return src, col
+
+
+def sockets_in(d: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(d) if n.endswith(".sock"))
+    except FileNotFoundError:
+        return []
+
+
+def finish(proc: subprocess.Popen, hold: Path, timeout: float = 60) -> int:
+    hold.touch()
+    return proc.wait(timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# One launched job (`gputop run` path) with forked DataLoader workers, AMP and torch.compile
+# noted, two monitors, and a third monitor that stalls and is then killed with SIGKILL.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def basic_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("basic")
+    d, hold, out = tmp / "sock", tmp / "hold", tmp / "out.json"
+    steps = 160
+    log = open(tmp / "job.log", "w")
+    job = launch_with_probe([sys.executable, TRAIN, "--steps", str(steps), "--batch-size", "4", "--sample-ms", "1.5",
+                             "--workers", "2", "--mp-context", "fork", "--amp", "--compile-wrap",
+                             "--wait-monitor", "90", "--hold-file", str(hold), "--out", str(out)],
+                            env=env_with_dir(d), stdout=log, stderr=subprocess.STDOUT)
+    res: dict = {"job": job, "dir": d, "steps_wanted": steps, "tmp": tmp}
+    try:
+        # The first monitor runs inside a recorded live session, as `gputop run --record` would.
+        clock = SessionClock()
+        target = Target(job.pid)
+        a = ProbeClientSource(clock, target, scan_interval_s=0.25)
+        meta = base_meta(clock, ["tests/test_probe.py"])
+        meta["target"] = target.describe()
+        rec_path = tmp / "basic.gtrec"
+        session = LiveSession([a], clock, meta, recorder=Recorder(RecordingWriter(str(rec_path), meta)))
+        col_a = Collector()
+        session.bus.subscribe(CallbackSubscriber(lambda ss: [col_a(s) for s in ss]))
+        session.start()
+        res["recording"] = rec_path
+        wait_for(lambda: a.connected_pids(), 90, "the first monitor to attach", job=job)
+        sock_path = wire.socket_path(str(d), job.pid)
+        # A monitor that connects and never reads, killed later with SIGKILL mid-stream.
+        stalled = subprocess.Popen([sys.executable, "-c",
+                                    "import socket,sys,time\n"
+                                    "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                                    "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\n"
+                                    "print('attached', flush=True); time.sleep(300)\n", sock_path],
+                                   stdout=subprocess.PIPE, text=True)
+        assert stalled.stdout.readline().strip() == "attached"
+        wait_for(lambda: (s := col_a.last(KIND_PROBE_STEP)) and (s.get("step_total") or 0) >= 40, 60,
+                 "40 steps seen by the first monitor")
+        res["sockets_mid_run"] = sockets_in(d)
+        res["children_mid_run"] = [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
+        b, col_b = start_client(job.pid)
+        wait_for(lambda: b.connected_pids(), 30, "the second monitor to attach")
+        os.kill(stalled.pid, signal.SIGKILL)
+        stalled.wait()
+        res["killed_at"] = a.clock.now()
+        wait_for(out.exists, 90, "the job to finish training", job=job)
+        own = json.loads(out.read_text())
+        res["own"] = own
+        for src, col in ((a, col_a), (b, col_b)):
+            wait_for(lambda col=col: (s := col.last(KIND_PROBE_STEP)) and s.get("step_total") == own["steps"], 20,
+                     "the last window to arrive")
+        res["rc"] = finish(job, hold)
+        time.sleep(0.5)
+        session.stop()
+        b.stop()
+        res.update(a=a, col_a=col_a, b=b, col_b=col_b)
+        res["sockets_after"] = sockets_in(d)
+        log.close()
+        res["log"] = (tmp / "job.log").read_text()
+        yield res
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_step_batch_and_sample_counts_match_the_job_exactly(basic_run):
+    own, col = basic_run["own"], basic_run["col_a"]
+    assert basic_run["rc"] == 0, basic_run["log"]
+    assert own["steps"] == basic_run["steps_wanted"]
+    windows = col.of(KIND_PROBE_STEP, str(own["pid"]))
+    last = windows[-1].data
+    assert last["step_total"] == own["steps"]
+    # The job waited for the monitor before training, so every step sits in a window.
+    assert sum(w.get("steps") for w in windows) == own["steps"]
+    assert sum(w.get("dropped") or 0 for w in windows) == 0
+    assert last["batch_total"] == own["batches"] == own["steps"]
+    assert last["sample_total"] == own["samples"] == own["steps"] * 4
+
+
+def test_step_time_and_data_wait_agree_with_the_jobs_own_timing(basic_run):
+    own, col = basic_run["own"], basic_run["col_a"]
+    windows = [w for w in col.of(KIND_PROBE_STEP) if w.get("step_n")]
+    n = sum(w.get("step_n") for w in windows)
+    step_sum = sum(w.get("step_s_sum") for w in windows)
+    wait_sum = sum(w.get("data_wait_s_sum") for w in windows)
+    assert n == len(own["step_times"]) == own["steps"] - 1
+    own_sum = sum(own["step_times"])
+    assert step_sum == pytest.approx(own_sum, rel=0.02)
+    own_share = sum(own["step_waits"]) / own_sum
+    assert wait_sum / step_sum == pytest.approx(own_share, abs=0.03)
+    # Two workers at 1.5 ms x 4 samples keep up only partly: the loop waits for data, measurably.
+    assert own_share > 0.05
+    # Batches/s over the training windows vs the job's own rate.
+    busy = [w for w in windows if w.get("window_s") and w.get("steps")]
+    assert sum(w.get("batches") for w in busy) >= own["batches"] - 2
+
+
+def test_config_facts(basic_run):
+    own, col = basic_run["own"], basic_run["col_a"]
+    cfg = col.last(KIND_PROBE_CONFIG, str(own["pid"])).data
+    assert cfg["torch"] == own["torch"]
+    assert cfg["cuda"] is None and cfg["cuda_build"] is False
+    (loader,) = cfg["loaders"]
+    assert loader["num_workers"] == 2 and loader["batch_size"] == 4
+    assert loader["pin_memory"] is False and loader["persistent_workers"] is False
+    assert loader["prefetch_factor"] == 2
+    assert cfg["amp_autocast"] == ["cpu:bfloat16"]
+    assert cfg["compile"]["calls"] == 1 and cfg["compile"]["uses"][0]["mode"] == "reduce-overhead"
+    assert cfg["optimizer"]["class"] == "SGD" and cfg["optimizer"]["param_dtypes"] == ["float32"]
+    assert cfg["hooks"]["optimizer_step"][0] == "on" and cfg["hooks"]["dataloader"][0] == "on"
+    # CPU torch: GPU time and sync counting are cleanly off, with the reason, never a zero.
+    assert cfg["hooks"]["cuda_events"][0] == "off" and "no CUDA" in cfg["hooks"]["cuda_events"][1]
+    last = col.last(KIND_PROBE_STEP).data
+    assert last["gpu_ms_mean"] is None and "no CUDA" in off_reason(cfg, "cuda_events")
+    assert last["syncs_per_step"] is None and "no CUDA" in off_reason(cfg, "syncs")
+    assert cfg["step_source"] == "optimizer"
+    assert cfg["float32_matmul_precision"] in ("highest", "high", "medium")
+
+
+def test_forked_dataloader_workers_open_no_probe(basic_run):
+    pid = basic_run["own"]["pid"]
+    assert len(basic_run["children_mid_run"]) >= 2, "the job should have had its two workers running"
+    assert basic_run["sockets_mid_run"] == [f"{pid}.sock"]
+    assert basic_run["a"].describe()["probes"].keys() == {str(pid)}
+
+
+def test_two_monitors_and_a_monitor_killed_mid_stream(basic_run):
+    own = basic_run["own"]
+    assert basic_run["rc"] == 0
+    for col in (basic_run["col_a"], basic_run["col_b"]):
+        assert col.last(KIND_PROBE_STEP).get("step_total") == own["steps"]
+    # The first monitor kept receiving windows after the stalled one was killed.
+    after = [s for s in basic_run["col_a"].of(KIND_PROBE_STEP) if s.t > basic_run["killed_at"] + 0.2]
+    assert len(after) >= 2
+    states = [h["state"] for h in basic_run["col_a"].health()]
+    assert "ok" in states
+
+
+def test_socket_is_removed_when_the_job_exits(basic_run):
+    assert basic_run["sockets_after"] == []
+
+
+def test_probe_samples_record_and_replay_within_budget(basic_run, tmp_path):
+    col = basic_run["col_a"]
+    probe = [s for s in col.samples if s.kind.startswith("probe_") or s.key == "probe"]
+    path = str(tmp_path / "p.gtrec")
+    w = RecordingWriter(path, {"gputop_version": "test"})
+    by_second: dict[int, list[Sample]] = {}
+    for s in probe:
+        by_second.setdefault(int(s.t), []).append(s)
+    for sec in sorted(by_second):  # one chunk per second, as the Recorder writes
+        w.write_samples(by_second[sec])
+    w.close({"clean": True})
+    with RecordingReader(path) as r:
+        back = r.all_samples()
+    assert len(back) == len(probe)
+    got = [s for s in back if s.kind == KIND_PROBE_STEP]
+    want = [s for s in probe if s.kind == KIND_PROBE_STEP]
+    assert [s.get("step_total") for s in got] == [s.get("step_total") for s in sorted(want, key=lambda s: s.t)]
+    span_min = (max(s.t for s in probe) - min(s.t for s in probe)) / 60
+    per_min = os.path.getsize(path) / span_min
+    assert per_min < 100_000, f"the probe alone records {per_min / 1e3:.0f} KB/min"
+
+
+def test_report_section_from_the_run(basic_run):
+    own, col = basic_run["own"], basic_run["col_a"]
+    sec = report_section(col.samples)
+    assert sec["found"] is True
+    (rank,) = sec["ranks"]
+    assert rank["steps"] == own["steps"] and rank["step_total_at_end"] == own["steps"]
+    own_mean_ms = sum(own["step_times"]) / len(own["step_times"]) * 1000
+    assert rank["step_ms"]["mean"] == pytest.approx(own_mean_ms, rel=0.02)
+    srt = sorted(own["step_times"])
+    assert rank["step_ms"]["p50"] == pytest.approx(srt[len(srt) // 2] * 1000, rel=0.1)
+    assert rank["data_wait_share"] == pytest.approx(sum(own["step_waits"]) / sum(own["step_times"]), abs=0.03)
+    assert rank["gpu_ms_per_step"] is None and "no CUDA" in rank["gpu_info"]
+    assert rank["syncs_per_step"] is None
+    assert rank["config"]["loaders"][0]["num_workers"] == 2
+    json.dumps(sec)  # JSON-able
+    text = "\n".join(report_lines(sec))
+    assert f"{own['steps']} steps" in text and "num_workers 2" in text and "GPU n/a (this torch has no CUDA" in text
+    split = step_split(col.last(KIND_PROBE_STEP).data) or step_split(
+        next(s for s in reversed(col.of(KIND_PROBE_STEP)) if s.get("step_ms_mean")).data)
+    assert split["gpu_ms"] is None
+    assert split["data_wait_ms"] + split["other_ms"] == pytest.approx(split["step_ms"], rel=1e-6)
+
+
+def test_report_section_without_probe_data_says_why():
+    h = Sample(1.0, "health", "probe", {"state": "off", "message": "no probe in PID 1's process tree: ..."})
+    sec = report_section([h, Sample(1.0, "gpu", "0", {"sm_active": 1.0})])
+    assert sec == {"found": False, "message": "no probe in PID 1's process tree: ...", "ranks": []}
+    assert report_lines(sec) == ["probe: no probe in PID 1's process tree: ..."]
+
+
+# ---------------------------------------------------------------------------------------------
+# `import gputop.probe; gputop.probe.install()` in the script, found by PID; faults.
+# ---------------------------------------------------------------------------------------------
+
+def test_installed_by_the_script_with_markers_old_torch_and_a_failing_hook(tmp_path):
+    """install() by the script itself (the `gputop --pid` path), marker steps, a torch without
+    the optimizer hook, a probe hook that raises, and a second probe in the same process."""
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.json"
+    err = open(tmp_path / "err.log", "w")
+    job = subprocess.Popen([sys.executable, TRAIN, "--install", "--marker", "--old-torch", "--break-hook", "dataloader",
+                            "--second-probe", "--steps", "60", "--sample-ms", "0.2", "--wait-monitor", "90",
+                            "--hold-file", str(hold), "--out", str(out)], env=env_with_dir(d), stderr=err)
+    try:
+        src, col = start_client(job.pid)
+        wait_for(out.exists, 120, "the job to finish training", job=job)
+        own = json.loads(out.read_text())
+        wait_for(lambda: (s := col.last(KIND_PROBE_STEP)) and s.get("step_total") == own["steps"], 20, "the last window")
+        assert finish(job, hold) == 0
+        src.stop()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    err.close()
+    stderr = (tmp_path / "err.log").read_text()
+    last = col.last(KIND_PROBE_STEP).data
+    assert last["step_total"] == own["steps"] == 60
+    assert col.last(KIND_PROBE_CONFIG).data["step_source"] == "marker"
+    hooks = col.last(KIND_PROBE_CONFIG).data["hooks"]
+    assert hooks["optimizer_step"][0] == "unavailable"
+    assert "register_optimizer_step_post_hook" in hooks["optimizer_step"][1]
+    assert "gputop.probe.step()" in hooks["optimizer_step"][1]
+    assert hooks["dataloader"][0] == "failed" and "injected fault" in hooks["dataloader"][1]
+    # The failed hook was switched off at its first call: no batches counted, the job unharmed.
+    assert last["batch_total"] == 0
+    events = [s.get("message") for s in col.of("event", "probe")]
+    assert any("hook dataloader failed" in (m or "") for m in events), events
+    degraded = [h for h in col.health() if h["state"] == "degraded"]
+    assert degraded and "dataloader" in degraded[-1]["message"] and "optimizer_step" in degraded[-1]["message"]
+    # A second copy of the probe module in the same process refused itself with one line.
+    assert '{"second_probe": false}' in stderr
+    assert "another gputop probe is already installed in this process" in stderr
+    assert "Traceback" not in stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawned DataLoader workers (a fresh interpreter each: sitecustomize runs in them too).
+# ---------------------------------------------------------------------------------------------
+
+def test_spawned_dataloader_workers_stay_dormant(tmp_path):
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.json"
+    job = launch_with_probe([sys.executable, TRAIN, "--steps", "30", "--workers", "1", "--mp-context", "spawn",
+                             "--persistent", "--sample-ms", "0.5", "--hold-file", str(hold), "--out", str(out)],
+                            env=env_with_dir(d), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen_sockets: set[str] = set()
+    spawned: set[int] = set()
+    try:
+        src, col = start_client(job.pid)
+        deadline = time.monotonic() + 150
+        while not out.exists() and time.monotonic() < deadline and job.poll() is None:
+            seen_sockets.update(sockets_in(d))
+            try:
+                for c in psutil.Process(job.pid).children(recursive=True):
+                    if "--multiprocessing-fork" in c.cmdline():
+                        spawned.add(c.pid)  # the DataLoader worker (not the resource tracker)
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+        assert out.exists(), "the job did not finish"
+        own = json.loads(out.read_text())
+        seen_sockets.update(sockets_in(d))
+        wait_for(lambda: (s := col.last(KIND_PROBE_STEP)) and s.get("step_total") == own["steps"], 20, "the last window")
+        assert finish(job, hold) == 0
+        src.stop()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert spawned, "the spawned worker should have been seen"
+    assert seen_sockets == {f"{job.pid}.sock"}
+    assert src.describe()["probes"].keys() == {str(job.pid)}
+    assert "Traceback" not in job.stderr.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# torchrun: one probe per rank.
+# ---------------------------------------------------------------------------------------------
+
+def test_torchrun_gives_every_rank_a_probe(tmp_path):
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.json"
+    log = open(tmp_path / "job.log", "w")
+    job = launch_with_probe([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             TRAIN, "--ddp", "--steps", "40", "--sample-ms", "0.2", "--hold-file", str(hold),
+                             "--out", str(out)],
+                            env=env_with_dir(d, OMP_NUM_THREADS="1"), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        src, col = start_client(job.pid)
+        wait_for(lambda: all(Path(f"{out}.{r}").exists() for r in (0, 1)), 170, "both ranks to finish training", job=job)
+        own = {r: json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)}
+
+        def ranks_done():
+            done = {}
+            for s in col.of(KIND_PROBE_STEP):
+                if s.get("rank") is not None:
+                    done[s.get("rank")] = s.get("step_total")
+            return done == {0: own[0]["steps"], 1: own[1]["steps"]}
+        wait_for(ranks_done, 30, "both ranks' last windows")
+        socks = sockets_in(d)
+        assert finish(job, hold) == 0, (tmp_path / "job.log").read_text()
+        src.stop()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        log.close()
+    rank_pids = {own[r]["pid"] for r in (0, 1)}
+    assert {f"{p}.sock" for p in rank_pids} <= set(socks)
+    # torchrun itself is the command's first Python process: it has a probe too, with no steps.
+    assert f"{job.pid}.sock" in socks and len(socks) == 3
+    cfgs = {s.key: s.data for s in col.of(KIND_PROBE_CONFIG)}
+    for r in (0, 1):
+        c = cfgs[str(own[r]["pid"])]
+        assert c["rank"] == r and c["world_size"] == 2 and c["dist_backend"] == "gloo"
+    ok = [h for h in col.health() if h["state"] == "ok" and sorted(h["ranks"]) == [0, 1]]
+    assert ok and "(rank 0)" in ok[-1]["message"] and "(rank 1)" in ok[-1]["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# No torch, no probe, stale sockets, a bad socket directory.
+# ---------------------------------------------------------------------------------------------
+
+def test_script_that_never_imports_torch(tmp_path):
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt"
+    # A stale socket of a dead process, left in the directory: the probe removes it.
+    d.mkdir(mode=0o700)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = d / f"{dead.pid}.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    assert stale.exists()
+    job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        src, col = start_client(job.pid)
+        wait_for(lambda: any(h["state"] == "degraded" for h in col.health()), 30, "the probe to report")
+        wait_for(lambda: not stale.exists(), 10, "the stale socket to be removed")
+        assert finish(job, hold) == 0
+        src.stop()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert out.read_text().strip() == str(sum(i * i for i in range(200_000)))
+    h = [h for h in col.health() if h["state"] == "degraded"][-1]
+    assert "torch is not imported" in h["message"] and h["probes"] == [job.pid]
+    cfg = col.last(KIND_PROBE_CONFIG).data
+    assert cfg["torch"] is None and "not imported" in cfg["torch_info"]
+    assert "torch" not in sys.modules or True  # (the monitor itself may import anything)
+    assert job.stderr.read() == ""
+
+
+def test_no_probe_says_what_it_would_add_and_how(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env_with_dir(tmp_path / "sock"))
+    try:
+        # A stale socket named after the live target: connect is refused, so it is ignored.
+        d = tmp_path / "sock"
+        d.mkdir(mode=0o700)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(d / f"{proc.pid}.sock"))
+        s.close()
+        src, col = start_client(proc.pid)
+        h = wait_for(lambda: [x for x in col.health() if x["state"] == "off" and "no probe" in x["message"]], 10,
+                     "the no-probe health line")[-1]
+        src.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert h["found"] is False and h["probes"] == []
+    assert "gputop run -- python train.py" in h["message"]
+    assert "import gputop.probe; gputop.probe.install()" in h["message"]
+    assert "data wait" in h["message"] and "syncs" in h["message"]
+    assert "stale" in h["message"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to hand the directory to another user")
+def test_socket_directory_owned_by_another_user(tmp_path):
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        src, col = start_client(job.pid)
+        h = wait_for(lambda: [x for x in col.health() if x["state"] == "failed"], 10, "the failed health line")[-1]
+        assert finish(job, hold) == 0
+        src.stop()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert out.exists()
+    err = job.stderr.read()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "not listening" in lines[0] and "owned by uid 65534" in lines[0], err
+    assert "owned by uid 65534" in h["message"] and "gputop run" in h["message"]
+    assert sockets_in(d) == []
+
+
+def test_socket_directory_rules(tmp_path):
+    uid = os.getuid()
+    good = tmp_path / "good"
+    assert wire.ensure_dir(str(good)) is None
+    assert (good.stat().st_mode & 0o777) == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    assert "mode 0777" in wire.ensure_dir(str(loose))
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    assert "symbolic link" in wire.check_dir(str(link), uid)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "not a directory" in wire.check_dir(str(afile), uid)
+    assert "does not exist" in wire.check_dir(str(tmp_path / "nope"), uid)
+    # A symlink where a socket should be is never followed.
+    (good / "123.sock").symlink_to(afile)
+    assert "not a socket" in wire.check_socket_file(str(good / "123.sock"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch errors, environment, wire format, and a peer that is not a probe.
+# ---------------------------------------------------------------------------------------------
+
+def test_launch_errors_are_one_line():
+    with pytest.raises(LaunchError, match="no command given"):
+        launch_with_probe([])
+    with pytest.raises(LaunchError, match="command not found: no-such-command-gputop"):
+        launch_with_probe(["no-such-command-gputop", "x"])
+    with pytest.raises(FileNotFoundError):  # what callers of subprocess.Popen already catch
+        launch_with_probe(["/no/such/program"])
+
+
+def test_probe_env_chains_pythonpath_and_an_existing_sitecustomize(tmp_path):
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    env = probe_env({**os.environ, "PYTHONPATH": str(other), wire.ENV_DIR: str(tmp_path / "sock"),
+                     "GPUTOP_PROBE_ROOT": "1"})
+    assert env["PYTHONPATH"].split(os.pathsep)[1] == str(other)
+    assert "GPUTOP_PROBE_ROOT" not in env
+    code = ("import os, sys, gputop.probe as p; st = p.status(); "
+            "print(os.environ.get('USER_SITECUSTOMIZE_RAN'), st['installed'], st['listening'], "
+            "os.environ['GPUTOP_PROBE_ROOT'] == str(os.getpid()))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True", "True", "True"]
+    assert out.stderr == ""
+
+
+def test_wire_lines_are_bounded_and_typed():
+    r = wire.LineReader(max_line=64)
+    assert r.feed(wire.encode({"type": "x", "v": float("nan")})) == [{"type": "x", "v": None}]
+    assert r.feed(b'{"type": "a"}\n{"ty') == [{"type": "a"}]
+    assert r.feed(b'pe": "b"}\n') == [{"type": "b"}]
+    with pytest.raises(wire.WireError, match="longer than 64"):
+        wire.LineReader(max_line=64).feed(b"x" * 100)
+    with pytest.raises(wire.WireError, match="not JSON"):
+        wire.LineReader().feed(b"\x80garbage\n")
+    with pytest.raises(wire.WireError, match="without a type"):
+        wire.LineReader().feed(b"[1, 2]\n")
+    for secs in (0.0001, 0.005, 0.2, 3.0):
+        assert wire.hist_value(wire.hist_bucket(secs)) == pytest.approx(secs, rel=0.05)
+
+
+@pytest.mark.parametrize("first, expect", [
+    (b"GET / HTTP/1.1\n", "not JSON"),
+    (b'{"type": "hello", "v": 99, "mono": 1}\n', "wire version 99"),
+    (b'{"type": "window", "mono": 1}\n', "first message is not a hello"),
+])
+def test_a_peer_that_is_not_a_probe_is_dropped_with_one_line(tmp_path, first, expect):
+    """A fake probe socket (real listener in this test) for a real child process."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    d = tmp_path / "sock"
+    d.mkdir(mode=0o700)
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(d / f"{proc.pid}.sock"))
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        c.sendall(first)
+        time.sleep(2)
+        c.close()
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    try:
+        col = Collector()
+        src = ProbeClientSource(SessionClock(), Target(proc.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+        src.start(col)
+        h = wait_for(lambda: [x for x in col.health() if x["state"] == "failed"], 10, "the failed health line")[-1]
+        src.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+        srv.close()
+    assert expect in h["message"]
+    assert src.connected_pids() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The UI: the recording of the basic run, replayed in the app.
+# ---------------------------------------------------------------------------------------------
+
+def _screen(app) -> str:
+    import io
+
+    from rich.console import Console
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+def _run_app(session, size, keys=()):
+    import asyncio
+
+    from gputop.ui.app import GputopApp
+
+    async def go():
+        async with GputopApp(session).run_test(size=size) as pilot:
+            await pilot.pause()
+            for k in keys:
+                await pilot.press(k)
+                await pilot.pause()
+            return _screen(pilot.app), pilot.app
+    return asyncio.run(go())
+
+
+def _steps_view_key() -> str:
+    from gputop.ui import panels
+    panels.load_panel_modules()
+    return str([v.id for v in panels.views()].index("steps") + 1)
+
+
+def test_probe_panels_in_the_replayed_recording(basic_run):
+    from gputop.session.replay import ReplaySession
+    own = basic_run["own"]
+    session = ReplaySession(str(basic_run["recording"]), start_playing=False)
+    # A moment in the middle of training.
+    steps = [s for s in RecordingReader(str(basic_run["recording"])).all_samples()
+             if s.kind == KIND_PROBE_STEP and s.get("step_ms_mean")]
+    mid = steps[len(steps) // 2]
+    session.seek(mid.t + 0.01)
+    text, _ = _run_app(session, (100, 30))
+    if os.environ.get("GPUTOP_SHOW_SCREENS"):
+        print(text)
+    lines = text.splitlines()
+    line = next(ln for ln in lines if ln.strip().startswith(f"PID {own['pid']}") or "steps/s" in ln)
+    assert "steps/s" in line and "data wait" in line and "other" in line, text
+    assert f"{mid.get('steps_per_s'):.1f}" in line or f"{mid.get('steps_per_s'):.0f}" in line
+    assert "GPU" not in line  # no CUDA here: the split has two parts, not a GPU share of zero
+    text, app = _run_app(ReplaySession(str(basic_run["recording"]), start_playing=False), (110, 40),
+                         keys=["end", _steps_view_key()])
+    flat = " ".join(text.split())
+    assert f"PID {own['pid']}" in flat and f"{own['steps']} steps (optimizer.step)" in flat
+    assert "GPU n/a (this torch has no CUDA" in flat
+    assert "syncs n/a (this torch has no CUDA" in flat
+    assert "num_workers 2" in flat and "pin_memory False" in flat and "prefetch_factor 2" in flat
+    assert "cpu:bfloat16 autocast" in flat and "torch.compile 1 call(s) (reduce-overhead)" in flat
+    assert f"torch {own['torch']}" in flat and "optimizer SGD" in flat
+    if os.environ.get("GPUTOP_SHOW_SCREENS"):
+        print(text)
+
+
+def test_steps_view_without_a_probe_says_so():
+    from gputop.session.replay import ReplaySession
+    fixture = ROOT / "tests" / "data" / "host_cpu_demo.gtrec"
+    text, _ = _run_app(ReplaySession(str(fixture), start_playing=False), (100, 30), keys=[_steps_view_key()])
+    assert "no probe data: this session has no probe source" in " ".join(text.split())
