@@ -8,7 +8,9 @@
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
 OUT=${OUT:-/tmp/gputop-out}
-RES=$OUT/h200
+# Results are kept outside $OUT and packed into $OUT/h200.tgz after every phase: only a few
+# files come back from the GPU machine, and a run cut short still returns what it finished.
+RES=${RES:-/tmp/gputop-h200/h200}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
@@ -53,15 +55,20 @@ phase_cost() {
   tail -8 "$d/spine.txt" | tee -a "$SUMMARY"
 }
 
-# run_headless NAME SECONDS EXTRA_GPUTOP_ARGS... : start scenario NAME, attach gputop headless,
-# record into $2's folder. Used for the committed fixtures and for the scenario proofs.
+# run_headless NAME SECONDS DIR EXTRA_GPUTOP_ARGS... : start scenario NAME with the probe loaded
+# (as `gputop demo` does), let it warm up, attach gputop headless for SECONDS, record into DIR.
 run_headless() {
   local name=$1 secs=$2 dir=$3; shift 3
   mkdir -p "$dir"
   rm -f "$dir/$name.gtrec"
-  $PY -m gputop.demo.workload --scenario "$name" --report-every 0.5 > "$dir/$name.rates" 2> "$dir/$name.workload.err" &
+  $PY - "$name" > "$dir/$name.rates" 2> "$dir/$name.workload.err" <<'PY' &
+import os, sys
+from gputop.session.launch import probe_env
+os.execvpe(sys.executable, [sys.executable, "-m", "gputop.demo.workload", "--scenario", sys.argv[1],
+                            "--report-every", "0.5"], probe_env())
+PY
   local w=$!
-  sleep "${WARMUP:-4}"
+  sleep "${WARMUP:-6}"
   $PY -m gputop --pid $w --headless --duration "$secs" --record "$dir/$name.gtrec" --json "$@" \
       > "$dir/$name.json" 2> "$dir/$name.gputop.err"
   echo "gputop rc=$?" >> "$dir/$name.gputop.err"
@@ -87,10 +94,18 @@ try:
 except Exception as e:
     print("no report:", e); raise SystemExit
 pv = r.get("primary_verdict") or {}
-print(pv.get("id"), "| first verdict at", pv.get("first_seen_s"), "s")
+print(pv.get("id"), "| primary", pv.get("share"), "| first verdict", r.get("first_verdict_s"), "s |",
+      " ".join(f"{k}:{v.get('active_share')}" for k, v in (r.get("verdicts") or {}).items()))
 PY
 )"
   done
+}
+
+phase_captures() {
+  # real py-spy captures of CUDA waits for the classification tests (tests/data/pyspy/)
+  local d=$RES/captures; mkdir -p "$d"
+  timeout 120 $PY tests/data/pyspy/capture.py --gpu --scenes cuda,cuda-item --out "$d" > "$d/log.txt" 2>&1
+  echo "capture rc=$?" >> "$d/log.txt"; tail -3 "$d/log.txt"
 }
 
 phase_stacks() {
@@ -107,10 +122,12 @@ phase_probe() {
   tail -12 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
-phases=${*:-env nvml host cost fixtures}
+phases=${*:-env nvml host cost scenarios captures}
+mkdir -p "$OUT"
 for p in $phases; do
   echo "=== phase $p ($(date -u +%T))"
   "phase_$p"
+  tar -czf "$OUT/h200.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"
 done
-tar -czf "$OUT/h200.tgz" -C "$OUT" h200
+cp "$SUMMARY" "$OUT/summary.txt"
 echo "=== summary"; cat "$SUMMARY"
