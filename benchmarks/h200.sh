@@ -51,8 +51,11 @@ phase_cost() {
   # gputop's own CPU with the NVML and host sources (issue 2), then with everything (issue 3)
   local d=$RES/cost; mkdir -p "$d"
   timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
-      --gputop-args "--no-stacks" --label spine-gpu_bound > "$d/spine.txt" 2>&1
+      --gputop-args=--no-stacks --label spine-gpu_bound > "$d/spine.txt" 2>&1
   tail -8 "$d/spine.txt" | tee -a "$SUMMARY"
+  timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
+      --label full-gpu_bound > "$d/full.txt" 2>&1
+  tail -8 "$d/full.txt" | tee -a "$SUMMARY"
 }
 
 # run_headless NAME SECONDS DIR EXTRA_GPUTOP_ARGS... : start scenario NAME with the probe loaded
@@ -68,7 +71,13 @@ os.execvpe(sys.executable, [sys.executable, "-m", "gputop.demo.workload", "--sce
                             "--report-every", "0.5"], probe_env())
 PY
   local w=$!
-  sleep "${WARMUP:-6}"
+  # Attach to a job that is training, as a user would: wait for its third rate line (its
+  # set-up, CUDA init and first steps are behind it), then a little more.
+  for _ in $(seq 1 180); do
+    [ "$(grep -c '^rate' "$dir/$name.rates" 2>/dev/null)" -ge 3 ] && break
+    sleep 0.5
+  done
+  sleep "${WARMUP:-1}"
   $PY -m gputop --pid $w --headless --duration "$secs" --record "$dir/$name.gtrec" --json "$@" \
       > "$dir/$name.json" 2> "$dir/$name.gputop.err"
   echo "gputop rc=$?" >> "$dir/$name.gputop.err"
@@ -85,6 +94,10 @@ phase_fixtures() {
 
 phase_scenarios() {
   local d=$RES/scenarios
+  if [ -n "${WITH_GIL:-}" ]; then  # CPU-only accuracy runs beside the GPU scenarios (16 cores)
+    mkdir -p "$RES/stacks"
+    ( timeout 420 $PY benchmarks/gil_accuracy.py "$RES/stacks/gil" --repeats 2 > "$RES/stacks/gil.txt" 2>&1 ) &
+  fi
   for s in ${SCENARIOS:-gpu_bound input_bound h2d_copy_bound launch_bound gil_contention sync_stall memory_bound host_memory_pressure gpu_idle}; do
     run_headless $s 30 "$d"
     note "scenario $s: $($PY - "$d/$s.json" <<'PY'
@@ -99,6 +112,8 @@ print(pv.get("id"), "| primary", pv.get("share"), "| first verdict", r.get("firs
 PY
 )"
   done
+  wait
+  [ -n "${WITH_GIL:-}" ] && tail -25 "$RES/stacks/gil.txt" | tee -a "$SUMMARY"
 }
 
 phase_captures() {
@@ -109,17 +124,19 @@ phase_captures() {
 }
 
 phase_stacks() {
+  # target slowdown with the stack source attached, side by side; then gputop's cost and size
   local d=$RES/stacks; mkdir -p "$d"
-  [ -f benchmarks/gil_accuracy.py ] && timeout 240 $PY benchmarks/gil_accuracy.py "$d" > "$d/gil.txt" 2>&1
-  [ -f benchmarks/stacks_overhead.py ] && timeout 240 $PY benchmarks/stacks_overhead.py "$d" > "$d/overhead.txt" 2>&1
-  tail -12 "$d/gil.txt" "$d/overhead.txt" 2>/dev/null | tee -a "$SUMMARY"
+  timeout 220 $PY benchmarks/stacks_overhead.py "$d/ovh" --modes gpu,cuda-launch,launch --pairs 4 --phase 5 \
+      > "$d/overhead.txt" 2>&1
+  timeout 150 $PY benchmarks/stacks_overhead.py "$d/cost" --modes "" --cost-matrix --recording 20 > "$d/cost.txt" 2>&1
+  tail -20 "$d/overhead.txt" "$d/cost.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
 phase_probe() {
   local d=$RES/probe; mkdir -p "$d"
-  [ -f benchmarks/probe_overhead.py ] && timeout 240 $PY benchmarks/probe_overhead.py "$d" > "$d/overhead.txt" 2>&1
-  [ -f benchmarks/probe_accuracy.py ] && timeout 240 $PY benchmarks/probe_accuracy.py "$d" > "$d/accuracy.txt" 2>&1
-  tail -12 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
+  timeout 200 $PY benchmarks/probe_overhead.py "$d" --reps 3 > "$d/overhead.txt" 2>&1
+  timeout 150 $PY benchmarks/probe_accuracy.py "$d" --seconds 8 > "$d/accuracy.txt" 2>&1
+  tail -25 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
 phases=${*:-env nvml host cost scenarios captures}

@@ -323,7 +323,10 @@ class TorchHooks:
                 self._sync_filter = warnings.filters[0]
             p.sync_capture = True
             self._we_set_sync_mode = True
-            torch.cuda.set_sync_debug_mode(1)
+            with warnings.catch_warnings():
+                # torch warns that the sync debug mode is a prototype: noise in the job's stderr
+                warnings.simplefilter("ignore", UserWarning)
+                torch.cuda.set_sync_debug_mode(1)
             p.set_hook("syncs", "on", "counts implicit device syncs per step (sync debug mode 'warn', hidden)")
         else:
             if self._we_set_sync_mode:

@@ -56,6 +56,12 @@ def _r(x, nd=1):
     return None if x is None else round(x, nd)
 
 
+def _gate(level: float, ok: bool) -> float:
+    """A rule whose precondition fails does not hold at all (level 0, not "almost"): an active
+    verdict then leaves after the engine's LEAVE_S instead of being kept on by hysteresis."""
+    return level if ok else 0.0
+
+
 def _missing(sig: Signals, *names: str) -> tuple[str, ...]:
     return tuple(n for n in names if n not in sig.have)
 
@@ -94,7 +100,7 @@ def memory_bound(sig: Signals) -> Finding | None:
     dram, sm, tensor = sig.get("gpu.dram_bw"), sig.get("gpu.sm_active"), sig.get("gpu.tensor_active")
     if dram is None or sm is None:
         return None
-    level = dram / MEMORY_BOUND_DRAM if sm >= MEMORY_BOUND_MIN_SM else min(0.99, dram / MEMORY_BOUND_DRAM)
+    level = _gate(dram / MEMORY_BOUND_DRAM, sm >= MEMORY_BOUND_MIN_SM)
     return Finding("memory_bound", "GPU memory-bandwidth bound", SEVERITY_INFO, level, 0.0, 0.85,
                    {"dram_bw_pct": _r(dram), "sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor)},
                    "Kernels wait on DRAM, not arithmetic: fuse elementwise ops (torch.compile), keep "
@@ -111,7 +117,7 @@ def clock_throttled(sig: Signals) -> Finding | None:
     busy = (sm / 100.0) if sm is not None else 1.0
     slowed = ratio is not None and ratio < CLOCK_RATIO_MAX
     lt = thermal / CLOCK_THERMAL_SHARE
-    lp = (power / CLOCK_POWER_SHARE) if slowed else min(0.99, power / CLOCK_POWER_SHARE)
+    lp = _gate(power / CLOCK_POWER_SHARE, slowed)
     level = max(lt, lp)
     evidence = {"thermal_or_hw_slowdown_share": _r(thermal, 2), "power_cap_share": _r(power, 2),
                 "sm_clock_of_max_pct": _pct(ratio), "power_w": _r(sig.get("gpu.power_w"))}
@@ -139,8 +145,8 @@ def input_bound(sig: Signals) -> Finding | None:
         return None
     sm = sig.get("gpu.sm_active")
     level = share / INPUT_BOUND_SHARE
-    if sm is not None and sm >= GPU_BUSY_SM_ACTIVE:
-        level = min(level, 0.99)  # the GPU stays fed despite the waits: not the bottleneck
+    # the GPU stays fed despite the waits: then they are not the bottleneck
+    level = _gate(level, sm is None or sm < GPU_BUSY_SM_ACTIVE)
     cfg = sig.facts.get("probe_config") or {}
     workers, busy = sig.get("proc.workers.count"), sig.get("proc.workers.busy")
     advice = []
@@ -174,7 +180,7 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
     rx, sm = sig.get("gpu.pcie_rx_mibs"), sig.get("gpu.sm_active")
     if rx is None or sm is None:
         return None
-    level = rx / H2D_PCIE_RX_MIBS if sm < H2D_MAX_SM else min(0.99, rx / H2D_PCIE_RX_MIBS)
+    level = _gate(rx / H2D_PCIE_RX_MIBS, sm < H2D_MAX_SM)
     cfg = sig.facts.get("probe_config") or {}
     pageable = rx < PAGEABLE_PCIE_MIBS
     advice = []
@@ -203,8 +209,8 @@ def sync_stall(sig: Signals) -> Finding | None:
     if syncs is not None and cuda is None:
         levels.append(syncs / SYNC_STALL_SYNCS_PER_STEP)
     level = max(levels)
-    if sm is not None and sm >= GPU_BUSY_SM_ACTIVE:
-        level = min(level, 0.99)  # waiting on a busy GPU is what a GPU-bound job does
+    # waiting on a busy GPU is what a GPU-bound job does
+    level = _gate(level, sm is None or sm < GPU_BUSY_SM_ACTIVE)
     line = sig.facts.get("sync_top")
     where = ""
     if isinstance(line, (list, tuple)) and line:
@@ -230,15 +236,17 @@ def launch_bound(sig: Signals) -> Finding | None:
     sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
     running = sig.get("py.main.running")
     cpu = sig.get("proc.main.cpu_pct")
-    busy = running if running is not None else (cpu / 100.0 if cpu is not None else None)
-    if sm is None or util is None or busy is None:
-        return None
+    # The launching CPU: the main thread, or the process as a whole up to one core — the
+    # backward pass launches its kernels from autograd's own device thread while the main
+    # thread waits for it, so the process saturating a core is the better sign.
+    busy = max(x for x in (running, None if cpu is None else min(1.0, cpu / 100.0), -1.0) if x is not None)
+    if sm is None or util is None or busy < 0 or sig.pending:
+        return None  # (waits not known yet: a sync or data stall would look the same)
     blockers = max(sig.get("py.main.data") or 0.0, sig.get("py.main.cuda") or 0.0, sig.get("py.main.gil") or 0.0,
                    sig.get("probe.data_wait_share") or 0.0)
-    ok = sm < LAUNCH_MAX_SM and util >= LAUNCH_MIN_UTIL and blockers < 0.15
-    level = busy / LAUNCH_MAIN_BUSY
-    if not ok:
-        level = min(level, 0.99)
+    rx = sig.get("gpu.pcie_rx_mibs") or 0.0
+    ok = sm < LAUNCH_MAX_SM and util >= LAUNCH_MIN_UTIL and blockers < 0.15 and rx < H2D_PCIE_RX_MIBS
+    level = _gate(busy / LAUNCH_MAIN_BUSY, ok)
     gpu_share = sig.get("probe.gpu_share")
     return Finding("launch_bound", "Launch-bound: Python and kernel-launch overhead", SEVERITY_WARNING, level,
                    max(0.0, 1.0 - sm / 100.0), _confidence(0.8, _missing(sig, "stacks", "probe")),
@@ -335,19 +343,18 @@ def gpu_memory_pressure(sig: Signals) -> Finding | None:
 
 def gpu_idle(sig: Signals) -> Finding | None:
     sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
-    if sm is None and util is None:
-        return None
+    if (sm is None and util is None) or sig.pending:
+        return None  # (the waits that would explain the idleness are not known yet)
     if sm is not None:
         level = GPU_IDLE_SM_ACTIVE / max(sm, 0.5)
     else:
         level = GPU_IDLE_UTIL / max(util, 0.5)
-    if util is not None and util >= LAUNCH_MIN_UTIL:
-        level = min(level, 0.99)  # kernels are running: tiny ones (launch-bound), not an idle GPU
+    # kernels are running (tiny ones: launch-bound), so the GPU is not idle
+    level = _gate(level, util is None or util < LAUNCH_MIN_UTIL)
     explained = max(sig.get("py.main.data") or 0.0, sig.get("probe.data_wait_share") or 0.0,
                     sig.get("py.main.cuda") or 0.0, sig.get("py.main.gil") or 0.0,
                     sig.get("py.main.collective") or 0.0)
-    if explained >= EXPLAINED_IDLE_SHARE:
-        level = min(level, 0.99)  # another verdict names the reason
+    level = _gate(level, explained < EXPLAINED_IDLE_SHARE)  # else another verdict names the reason
     level = min(level, 10.0)
     running = sig.get("py.main.running")
     cpu = sig.get("proc.main.cpu_pct")

@@ -29,6 +29,9 @@ class Signals:
     values: dict[str, float | None] = field(default_factory=dict)
     facts: dict[str, object] = field(default_factory=dict)
     have: set[str] = field(default_factory=set)    # sources that contributed: nvml gpm host stacks probe psi cgroup
+    # sources that are running but have not delivered yet (the first seconds after attach):
+    # rules that conclude from the *absence* of a wait must hold off until these arrive
+    pending: set[str] = field(default_factory=set)
 
     def get(self, name: str) -> float | None:
         v = self.values.get(name)
@@ -179,6 +182,16 @@ def _probe_signals(store, since: float, sig: Signals) -> None:
         sig.facts["sync_top"] = sync.get("lines")[0]
 
 
+def _pending(store, sig: Signals) -> None:
+    health = store.latest_of_kind("health")
+    stacks = health.get("stacks")
+    if "stacks" not in sig.have and stacks is not None and stacks.get("state") in ("ok", "degraded"):
+        sig.pending.add("stacks")
+    probe = health.get("probe")
+    if "probe" not in sig.have and probe is not None and probe.get("state") == "ok":
+        sig.pending.add("probe")  # a probe is attached; its first step window is on its way
+
+
 def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str | None = None) -> Signals:
     since = now - window_s
     sig = Signals(now=now, window_s=window_s)
@@ -186,4 +199,5 @@ def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str
     _host_signals(store, since, sig, target_pid)
     _stack_signals(store, since, sig)
     _probe_signals(store, since, sig)
+    _pending(store, sig)
     return sig
