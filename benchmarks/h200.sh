@@ -126,16 +126,17 @@ phase_captures() {
 phase_stacks() {
   # target slowdown with the stack source attached, side by side; then gputop's cost and size
   local d=$RES/stacks; mkdir -p "$d"
-  timeout 220 $PY benchmarks/stacks_overhead.py "$d/ovh" --modes gpu,cuda-launch,launch --pairs 4 --phase 5 \
+  timeout 220 $PY benchmarks/stacks_overhead.py "$d/ovh" --modes gpu,cuda-launch,launch --pairs "${PAIRS:-4}" --phase 5 \
       > "$d/overhead.txt" 2>&1
-  timeout 150 $PY benchmarks/stacks_overhead.py "$d/cost" --modes "" --cost-matrix --recording 20 > "$d/cost.txt" 2>&1
+  [ "${STACKS_COST:-1}" = 1 ] && timeout 150 $PY benchmarks/stacks_overhead.py "$d/cost" --modes "" --cost-matrix \
+      --recording 20 > "$d/cost.txt" 2>&1
   tail -20 "$d/overhead.txt" "$d/cost.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
 phase_probe() {
   local d=$RES/probe; mkdir -p "$d"
   timeout 200 $PY benchmarks/probe_overhead.py "$d" --reps 3 > "$d/overhead.txt" 2>&1
-  timeout 150 $PY benchmarks/probe_accuracy.py "$d" --seconds 8 > "$d/accuracy.txt" 2>&1
+  timeout 150 $PY benchmarks/probe_accuracy.py "$d" --seconds "${PROBE_S:-8}" > "$d/accuracy.txt" 2>&1
   tail -25 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 

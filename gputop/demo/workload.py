@@ -139,15 +139,16 @@ def gpu_bound(m: Meter) -> None:
 
 
 def h2d_copy_bound(m: Meter) -> None:
-    """Each step copies a large batch from pageable host memory: the copy dominates."""
+    """Each step copies a large batch from pageable host memory and then uses only a little of
+    it (think: full-resolution images downsampled on the GPU): the copy dominates the step."""
     torch = _torch()
     device = _device(torch)
     host_batch = torch.randn(64, 1024, 1024)  # 256 MiB, pageable (not pinned)
     model = _mlp(torch, 1024, 2, device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    y = torch.randint(0, 10, (64 * 1024,), device=device)
+    y = torch.randint(0, 10, (4096,), device=device)
     while True:
-        x = host_batch.to(device).view(-1, 1024)
+        x = host_batch.to(device).view(-1, 1024)[::16]  # 4096 of the 65536 rows
         _train_step(torch, model, opt, x, y)
         if not m.step():
             return
@@ -201,7 +202,8 @@ def sync_stall(m: Meter) -> None:
     torch = _torch()
     device = _device(torch)
     n = 4096
-    layers = [torch.nn.Linear(n, n).to(device) for _ in range(8)]
+    layers = torch.nn.ModuleList(torch.nn.Linear(n, n) for _ in range(8)).to(device)
+    opt = torch.optim.SGD(layers.parameters(), lr=1e-4)
     x = torch.randn(2048, n, device=device)
     while True:
         h = x
@@ -210,6 +212,10 @@ def sync_stall(m: Meter) -> None:
             if h.mean().item() > 1e9:  # a "harmless" logging check that syncs every layer
                 print("diverged")
             _cpu_bookkeeping(2.0)
+        loss = h.square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
         if not m.step():
             return
 
@@ -289,7 +295,7 @@ def host_memory_pressure(m: Meter, data_mib: int = 1024, headroom_mib: int = 256
         # A "shuffled dataset" read through mmap: random pages, most of them evicted already,
         # so each touch is a major page fault that stalls the training thread.
         acc = 0
-        for _ in range(300):
+        for _ in range(100):
             acc += data[rng.randrange(pages) * 4096]
         _train_step(torch, model, opt, x, y)
         if not m.step():
@@ -297,16 +303,18 @@ def host_memory_pressure(m: Meter, data_mib: int = 1024, headroom_mib: int = 256
 
 
 def _confine_memory(headroom_mib: int) -> str | None:
-    """Move this process into a new memory cgroup limited to its current RSS + headroom.
-    Returns the cgroup's path, or None when no writable memory cgroup exists (then nothing is
-    changed). The cgroup is removed at exit."""
+    """Move this process into a new memory cgroup that lets it grow by only ``headroom_mib``.
+    Memory charged before the move stays with the old cgroup (cgroups do not migrate charges),
+    so the limit is set after the move from the new cgroup's own usage: whatever the process
+    already holds (CUDA mappings, torch) cannot be squeezed, only what it touches from now on.
+    On cgroup v2 the limit is memory.high, which throttles and reclaims but never kills; on v1
+    it is the hard limit_in_bytes, above anything the steady-state loop allocates.
+    Returns the cgroup's path, or None when no writable memory cgroup exists (nothing changed).
+    The process moves back and the cgroup is removed at exit."""
     import atexit
 
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    limit = rss + (headroom_mib << 20)
     lines = open("/proc/self/cgroup").read().splitlines()
-    candidates = []
+    candidates = []  # (where to create it, limit file, usage file, where to return to)
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # cgroup v2, unified at the root
         rel = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
         if rel is not None:
@@ -315,44 +323,49 @@ def _confine_memory(headroom_mib: int) -> str | None:
             # v2 forbids it where our cgroup holds processes itself ("no internal processes"),
             # so also try a cgroup beside the others at the root, where that rule does not apply
             # (only where the root already enables the memory controller: we change no setting).
-            candidates.append((own, "memory.max", own))
+            candidates.append((own, "memory.high", "memory.current", own))
             try:
                 with open("/sys/fs/cgroup/cgroup.subtree_control") as f:
                     if "memory" in f.read().split():
-                        candidates.append(("/sys/fs/cgroup", "memory.max", own))
+                        candidates.append(("/sys/fs/cgroup", "memory.high", "memory.current", own))
             except OSError:
                 pass
     for ln in lines:  # cgroup v1 memory controller
         bits = ln.split(":", 2)
         if len(bits) == 3 and "memory" in bits[1].split(","):
             base = "/sys/fs/cgroup/memory" + bits[2].rstrip("/")
-            candidates.append((base, "memory.limit_in_bytes", base))
-    for base, limit_file, parent in candidates:
+            candidates.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes", base))
+    for base, limit_file, usage_file, home in candidates:
         path = os.path.join(base, f"gputop-demo-{os.getpid()}")
         try:
             os.mkdir(path)
         except OSError:
             continue
         try:
-            with open(os.path.join(path, limit_file), "w") as f:
-                f.write(str(limit))
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-        except OSError:
-            os.rmdir(path)
+            with open(os.path.join(path, usage_file)) as f:
+                used = int(f.read())
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(used + (headroom_mib << 20)))
+        except (OSError, ValueError):
+            _leave_cgroup(path, home)
             continue
-
-        def leave(path=path, parent=parent):
-            try:
-                with open(os.path.join(parent, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-                os.rmdir(path)
-            except OSError:
-                pass
-
-        atexit.register(leave)
+        atexit.register(_leave_cgroup, path, home)
         return path
     return None
+
+
+def _leave_cgroup(path: str, home: str) -> None:
+    try:
+        with open(os.path.join(home, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
@@ -364,7 +377,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("gil_contention", "gil_contention", False, "training beside two pure-Python threads", gil_contention),
     Scenario("sync_stall", "sync_stall", True, "`.item()` after every layer", sync_stall),
     Scenario("memory_bound", "memory_bound", True, "elementwise work on 1 GiB fp32 tensors", memory_bound),
-    Scenario("host_memory_pressure", "host_memory_pressure", False, "reads a 1 GiB data file through a memory cgroup 256 MiB above its footprint", host_memory_pressure),
+    Scenario("host_memory_pressure", "host_memory_pressure", False, "reads a 1 GiB data file while confined to 256 MiB more memory than it holds", host_memory_pressure),
     Scenario("gpu_idle", "gpu_idle", True, "holds a GPU but computes on the CPU", gpu_idle),
     Scenario("python", "", False, "a pure-Python CPU loop (no torch needed)", pure_python),
 ]}

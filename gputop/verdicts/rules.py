@@ -23,13 +23,14 @@ GPU_IDLE_UTIL = 5.0               # % util.gpu below which no kernel ran most of
 EXPLAINED_IDLE_SHARE = 0.25       # waits that explain idleness (data, sync, GIL, collectives)
 MEMORY_BOUND_DRAM = 60.0          # % DRAM bandwidth: ~70% of the 87% practical peak on an H200
 MEMORY_BOUND_MIN_SM = 50.0        # ... while the SMs are busy (else it is not the limit)
+MEMORY_BOUND_UTIL_MEM_NO_GPM = 80.0  # % util.mem standing in for DRAM bandwidth without GPM
 INPUT_BOUND_SHARE = 0.20          # share of step time blocked in next(DataLoader)
 SYNC_STALL_SHARE = 0.20           # share of main-thread time waiting on the GPU
 SYNC_STALL_SYNCS_PER_STEP = 2.0   # implicit syncs per step that make a stall likely
 GIL_CONTENTION_SHARE = 0.15       # share of main-thread time waiting for the GIL
 COMM_BOUND_SHARE = 0.20           # share of main-thread time in torch.distributed collectives
 H2D_PCIE_RX_MIBS = 1000.0         # MiB/s host->device sustained over the window
-H2D_MAX_SM = 50.0                 # ... with the SMs mostly idle
+H2D_MAX_SM = 70.0                 # ... while the GPU is not kept busy (the copies are not hidden)
 PAGEABLE_PCIE_MIBS = 15000.0      # sustained copies slower than this look pageable (pinned: ~50 GB/s on Gen5)
 LAUNCH_MAX_SM = 40.0              # % SM active: kernels too small to fill the GPU
 LAUNCH_MIN_UTIL = 10.0            # % util.gpu: kernels are running (so it is not idle)
@@ -40,6 +41,8 @@ CLOCK_RATIO_MAX = 0.90            # SM clock below this fraction of its maximum
 SWAP_BPS = 1 << 20                # 1 MiB/s of swap traffic
 PSI_MEM_SOME_PCT = 10.0           # % of time some task stalled on memory (PSI)
 MEM_AVAILABLE_FRAC = 0.05         # available host memory below 5%
+CGROUP_MEM_FULL_FRAC = 0.90       # the job's cgroup is at 90% of its memory limit ...
+MAJFLT_PS = 50.0                  # ... and the main process faults pages in from disk this often
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 
@@ -98,10 +101,17 @@ def gpu_bound(sig: Signals) -> Finding | None:
 
 def memory_bound(sig: Signals) -> Finding | None:
     dram, sm, tensor = sig.get("gpu.dram_bw"), sig.get("gpu.sm_active"), sig.get("gpu.tensor_active")
+    conf = 0.85
     if dram is None or sm is None:
-        return None
-    level = _gate(dram / MEMORY_BOUND_DRAM, sm >= MEMORY_BOUND_MIN_SM)
-    return Finding("memory_bound", "GPU memory-bandwidth bound", SEVERITY_INFO, level, 0.0, 0.85,
+        # Without GPM: util.mem (time the memory was read or written) and util.gpu stand in;
+        # a bf16 GEMM reads util.mem ~24%, a bandwidth-bound kernel 100% on the H200.
+        dram, sm, conf = sig.get("gpu.util_mem"), sig.get("gpu.util_gpu"), 0.5
+        if dram is None or sm is None:
+            return None
+        level = _gate(dram / MEMORY_BOUND_UTIL_MEM_NO_GPM, sm >= GPU_BOUND_UTIL_NO_GPM)
+    else:
+        level = _gate(dram / MEMORY_BOUND_DRAM, sm >= MEMORY_BOUND_MIN_SM)
+    return Finding("memory_bound", "GPU memory-bandwidth bound", SEVERITY_INFO, level, 0.0, conf,
                    {"dram_bw_pct": _r(dram), "sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor)},
                    "Kernels wait on DRAM, not arithmetic: fuse elementwise ops (torch.compile), keep "
                    "activations in bf16/fp16, avoid extra copies (.contiguous(), cat) and increase "
@@ -178,6 +188,9 @@ def input_bound(sig: Signals) -> Finding | None:
 
 def h2d_copy_bound(sig: Signals) -> Finding | None:
     rx, sm = sig.get("gpu.pcie_rx_mibs"), sig.get("gpu.sm_active")
+    conf = 0.8
+    if sm is None:  # no GPM: PCIe comes from the slow NVML call; util.gpu stands in for SM activity
+        sm, conf = sig.get("gpu.util_gpu"), 0.55
     if rx is None or sm is None:
         return None
     level = _gate(rx / H2D_PCIE_RX_MIBS, sm < H2D_MAX_SM)
@@ -189,8 +202,8 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
                       "buffers (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
                       ".to(device, non_blocking=True)")
     advice.append("keep data on the GPU across steps, send smaller dtypes (uint8 images, normalise on the GPU)")
-    lost = _idle_share(sig) or 0.0
-    return Finding("h2d_copy_bound", "Host-to-device copies dominate", SEVERITY_WARNING, level, lost, 0.8,
+    lost = max(0.0, 1.0 - sm / 100.0)
+    return Finding("h2d_copy_bound", "Host-to-device copies dominate", SEVERITY_WARNING, level, lost, conf,
                    {"pcie_rx_mib_s": _r(rx, 0), "sm_active_pct": _r(sm), "pageable_suspected": pageable,
                     "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory")},
                    "; ".join(advice) + ".",
@@ -209,8 +222,10 @@ def sync_stall(sig: Signals) -> Finding | None:
     if syncs is not None and cuda is None:
         levels.append(syncs / SYNC_STALL_SYNCS_PER_STEP)
     level = max(levels)
-    # waiting on a busy GPU is what a GPU-bound job does
-    level = _gate(level, sm is None or sm < GPU_BUSY_SM_ACTIVE)
+    # waiting on a busy GPU is what a GPU-bound job does; and syncs while the loop mostly
+    # waits for data (the copy of each batch syncs) are not what holds it back
+    data = max(sig.get("probe.data_wait_share") or 0.0, sig.get("py.main.data") or 0.0)
+    level = _gate(level, (sm is None or sm < GPU_BUSY_SM_ACTIVE) and data < INPUT_BOUND_SHARE)
     line = sig.facts.get("sync_top")
     where = ""
     if isinstance(line, (list, tuple)) and line:
@@ -234,6 +249,11 @@ def sync_stall(sig: Signals) -> Finding | None:
 
 def launch_bound(sig: Signals) -> Finding | None:
     sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
+    conf = 0.8
+    if sm is None and util is not None:
+        # Without GPM the kernels' size is unknown: a GPU busy less than half the time while the
+        # CPU side is saturated and waits on nothing still says the CPU side is the limit.
+        sm, conf = util, 0.45
     running = sig.get("py.main.running")
     cpu = sig.get("proc.main.cpu_pct")
     # The launching CPU: the main thread, or the process as a whole up to one core — the
@@ -243,13 +263,14 @@ def launch_bound(sig: Signals) -> Finding | None:
     if sm is None or util is None or busy < 0 or sig.pending:
         return None  # (waits not known yet: a sync or data stall would look the same)
     blockers = max(sig.get("py.main.data") or 0.0, sig.get("py.main.cuda") or 0.0, sig.get("py.main.gil") or 0.0,
-                   sig.get("probe.data_wait_share") or 0.0)
+                   sig.get("probe.data_wait_share") or 0.0,
+                   1.0 if (sig.get("probe.syncs_per_step") or 0.0) >= SYNC_STALL_SYNCS_PER_STEP else 0.0)
     rx = sig.get("gpu.pcie_rx_mibs") or 0.0
     ok = sm < LAUNCH_MAX_SM and util >= LAUNCH_MIN_UTIL and blockers < 0.15 and rx < H2D_PCIE_RX_MIBS
     level = _gate(busy / LAUNCH_MAIN_BUSY, ok)
     gpu_share = sig.get("probe.gpu_share")
     return Finding("launch_bound", "Launch-bound: Python and kernel-launch overhead", SEVERITY_WARNING, level,
-                   max(0.0, 1.0 - sm / 100.0), _confidence(0.8, _missing(sig, "stacks", "probe")),
+                   max(0.0, 1.0 - sm / 100.0), _confidence(conf, _missing(sig, "stacks", "probe", "gpm")),
                    {"sm_active_pct": _r(sm), "util_gpu_pct": _r(util), "main_busy_pct": _pct(busy),
                     "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms"))},
                    "Kernels are too small to fill the GPU and the CPU cannot launch them fast enough: "
@@ -289,8 +310,8 @@ def communication_bound(sig: Signals) -> Finding | None:
 
 def host_memory_pressure(sig: Signals) -> Finding | None:
     swap, psi, avail = sig.get("host.swap_bps"), sig.get("host.psi_mem_some_pct"), sig.get("host.mem_available_frac")
-    cg = sig.get("host.cgroup_mem_frac")
-    if swap is None and psi is None and avail is None:
+    cg, majflt = sig.get("host.cgroup_mem_frac"), sig.get("proc.main.majflt_ps")
+    if swap is None and psi is None and avail is None and cg is None:
         return None
     levels = [0.0]
     if swap is not None:
@@ -299,8 +320,15 @@ def host_memory_pressure(sig: Signals) -> Finding | None:
         levels.append(psi / PSI_MEM_SOME_PCT)
     if avail is not None:
         levels.append(MEM_AVAILABLE_FRAC / max(avail, 1e-3))
+    if cg is not None and majflt is not None and cg >= CGROUP_MEM_FULL_FRAC:
+        # At its cgroup's limit the job's page cache is evicted as fast as it is read: every
+        # re-read is a major fault that blocks the thread (no swap needed for this to hurt).
+        levels.append(majflt / MAJFLT_PS)
     level = max(levels)
-    lost = (psi / 100.0) if psi is not None else (0.1 if level >= 1 else 0.0)
+    blocked = sig.get("py.main.idle")
+    lost = max((psi or 0.0) / 100.0, blocked or 0.0) if level >= 1 else 0.0
+    if level >= 1 and psi is None and blocked is None:
+        lost = 0.1
     return Finding("host_memory_pressure", "Host memory pressure: swapping or reclaim stalls", SEVERITY_CRITICAL
                    if (avail is not None and avail < 0.02) else SEVERITY_WARNING, level, lost,
                    _confidence(0.85, _missing(sig, "psi")),

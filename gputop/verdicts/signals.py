@@ -71,7 +71,7 @@ def _gpu_signals(store, since: float, sig: Signals) -> None:
         samples = series[k]
         info = infos.get(k)
         row: dict[str, float | None] = {}
-        for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "pcie_rx_mibs",
+        for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs",
                      "pcie_tx_mibs", "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_sm_mhz",
                      "mem_used", "mem_total", "power_limit_w"):
             row[name] = _mean(s.data.get(name) for s in samples)
@@ -83,7 +83,7 @@ def _gpu_signals(store, since: float, sig: Signals) -> None:
         row["clock_ratio"] = (row["clock_sm_mhz"] / max_clock) if (row["clock_sm_mhz"] and is_number(max_clock) and max_clock) else None
         row["mem_used_frac"] = (row["mem_used"] / row["mem_total"]) if (row["mem_used"] is not None and row["mem_total"]) else None
         per_gpu[k] = row
-    for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "pcie_rx_mibs", "pcie_tx_mibs",
+    for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs", "pcie_tx_mibs",
                  "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_ratio", "power_cap_share", "thermal_share"):
         sig.set(f"gpu.{name}", _mean(r[name] for r in per_gpu.values()))
     sig.set("gpu.mem_used_frac", max((r["mem_used_frac"] for r in per_gpu.values() if r["mem_used_frac"] is not None), default=None))
