@@ -43,8 +43,8 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from gputop.ui import fmt
-from gputop.ui.panels import (LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics, load_panel_modules,
-                              panels_for, views)
+from gputop.ui.panels import (HELP_SECTIONS, LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics,
+                              load_panel_modules, panels_for, views)
 from gputop.ui.snapshot import Snapshot
 from gputop.ui.sourceinfo import collect_metric_specs
 
@@ -285,6 +285,7 @@ class GputopApp(App[int]):
         self.session = session
         self.refresh_hz = min(max(float(refresh_hz), 1.0), 20.0)
         self.history_s = float(history_s)
+        self._cell_cache: dict = {}  # sparkline cells kept between ticks (see Snapshot.cells)
         self.app_title = title or "gputop"
         load_panel_modules()
         self.view_specs = views()
@@ -346,7 +347,7 @@ class GputopApp(App[int]):
         except Exception as e:  # e.g. a followed file turned out damaged: say so, keep what we have
             self.session_error = f"reading the session failed: {e or type(e).__name__}"
         try:
-            self._draw(Snapshot(self.session, self.history_s))
+            self._draw(Snapshot(self.session, self.history_s, self._cell_cache))
         except Exception as e:  # a drawing bug must not kill a monitor of a long training run
             self.tick_errors += 1
             self.last_tick_error = f"display error: {type(e).__name__}: {e}"
@@ -415,7 +416,7 @@ class GputopApp(App[int]):
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
-        self._draw(Snapshot(self.session, self.history_s), force=True)
+        self._draw(Snapshot(self.session, self.history_s, self._cell_cache), force=True)
 
     # -- views ---------------------------------------------------------------------------------
     def _show_view(self, view_id: str) -> None:
@@ -424,6 +425,12 @@ class GputopApp(App[int]):
             self.query_one(f"#view-{spec.id}").display = spec.id == view_id
         container = self.query_one(f"#view-{view_id}")
         container.focus()
+        # A panel with keys of its own takes the keyboard (a hidden one cannot: the view keeps it);
+        # keys it does not bind (up, down, pgup, pgdn) still reach the view's scrolling around it.
+        for panel in self.panels[view_id]:
+            if panel.FOCUS_ON_SHOW:
+                panel.focus(scroll_visible=False)
+                break
 
     def action_view(self, n: int) -> None:
         if 1 <= n <= len(self.view_specs):
@@ -488,6 +495,9 @@ class GputopApp(App[int]):
             ("● REC", "this session is being recorded (the Sources view says where)"),
             ("dim rows", "processes or threads that are gone: their last values"),
         ], 14))
+        for title, rows in HELP_SECTIONS:  # sections panel modules add (register_help_section)
+            parts.append(Text(fmt.clean(title), style="bold underline"))
+            parts.append(table(rows, min(22, max([14, *(len(k) for k, _ in rows)]))))
         helped = collect_metric_specs(all_panel_metrics())
         parts.append(Text("Metrics", style="bold underline"))
         if not helped.specs:

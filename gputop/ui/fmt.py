@@ -123,8 +123,11 @@ def _subclass_number(v) -> bool:
     return v is not None and type(v) is not bool and isinstance(v, (int, float))
 
 
+HOLD_S = 2.5  # a sampled value holds until the next sample, for at most this long
+
+
 def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, width: int,
-               hold_s: float = 2.5) -> dict[str, list[float | None]]:
+               hold_s: float = HOLD_S) -> dict[str, list[float | None]]:
     """Per field, the value of each of ``width`` cells covering ``window_s`` seconds up to
     ``t_end``, from samples (objects with ``.t`` and ``.data``) in time order. One pass over
     the samples serves every field: the GPU view draws 15 sparklines per GPU.

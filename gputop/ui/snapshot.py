@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from gputop.model import Sample
-from gputop.ui.fmt import cell_means
+import math
+
+from gputop.ui.fmt import HOLD_S, cell_means
 
 
 def key_order(key: str):
@@ -22,7 +24,7 @@ def key_order(key: str):
 
 
 class Snapshot:
-    def __init__(self, session: Any, history_s: float = 60.0) -> None:
+    def __init__(self, session: Any, history_s: float = 60.0, cell_cache: dict | None = None) -> None:
         store = session.store
         self.session = session
         self.store = store
@@ -35,6 +37,9 @@ class Snapshot:
         self._latest_of_kind: dict[str, dict[str, Sample]] = {}
         self._series: dict[tuple[str, str], list[Sample]] = {}
         self._cells: dict[tuple, dict[str, list]] = {}
+        # Sparkline cells that outlive the tick (owned by the app): only the newest cell changes
+        # until time crosses into the next one, so most ticks recompute one cell, not sixty.
+        self._cell_cache = cell_cache
 
     # -- reading -------------------------------------------------------------------------------
     def latest_of_kind(self, kind: str) -> dict[str, Sample]:
@@ -81,7 +86,30 @@ class Snapshot:
         ck = (kind, key, fields, width)
         got = self._cells.get(ck)
         if got is None:
-            got = self._cells[ck] = cell_means(self.series(kind, key), fields, self.now, self.history_s, width)
+            got = self._cells[ck] = self._cells_now(kind, key, fields, width)
+        return got
+
+    def _cells_now(self, kind: str, key: str, fields: tuple[str, ...], width: int) -> dict[str, list]:
+        cache = self._cell_cache
+        if cache is None or width <= 1:
+            return cell_means(self.series(kind, key), fields, self.now, self.history_s, width)
+        cell = self.history_s / width
+        idx = math.floor(self.now / cell)
+        ck = (kind, key, fields, width, self.history_s)
+        hit = cache.get(ck)
+        if hit is not None and hit[0] == idx and hit[1] <= self.now:
+            # Same newest cell as last time and time went forward: only that cell can differ.
+            # It is recomputed with the few cells before it that its held value can come from
+            # (a cell without samples holds the previous cell's mean for up to HOLD_S).
+            k = min(width, math.ceil(HOLD_S / cell) + 2)
+            recent = self.store.series(kind, key, (idx - k + 1) * cell - HOLD_S)
+            tail = cell_means(recent, fields, self.now, k * cell, k)
+            got = {f: hit[2][f][:-1] + tail[f][-1:] for f in fields}
+        else:
+            got = cell_means(self.series(kind, key), fields, self.now, self.history_s, width)
+        cache[ck] = (idx, self.now, got)
+        if len(cache) > 512:  # series come and go (processes): keep it bounded
+            cache.pop(next(iter(cache)))
         return got
 
     def is_stale(self, sample: Sample | None, max_age_s: float = 3.0) -> bool:

@@ -13,10 +13,12 @@ thread, in a replay it runs again on the raw samples. Its output samples are rec
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gputop.model import Sample
 from gputop.verdicts.finding import Finding, VerdictState
-from gputop.verdicts.rules import RULES
-from gputop.verdicts.signals import WINDOW_S, build_signals
+from gputop.verdicts.rules import RULES, straggler_rank
+from gputop.verdicts.signals import WINDOW_S, build_signals, running_ranks
 
 KIND_VERDICT = "verdict"
 KIND_VERDICT_PRIMARY = "verdict_primary"
@@ -32,7 +34,8 @@ def _rule_id(rule) -> str:
     return rule.__name__
 
 
-ORDER = {_rule_id(r): i for i, r in enumerate(RULES)}
+# straggler_rank first: it explains the others' communication wait better than anything else
+ORDER = {"straggler_rank": -1, **{_rule_id(r): i for i, r in enumerate(RULES)}}
 
 
 class VerdictEngine:
@@ -49,7 +52,31 @@ class VerdictEngine:
         self.states.clear()
 
     def evaluate(self, store, now: float) -> dict[str, Finding]:
-        sig = build_signals(store, now, self.window_s)
+        """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
+        main thread and probe); a verdict then takes the rank where it holds most strongly and
+        names it, and ``straggler_rank`` compares the ranks with each other."""
+        ranks = running_ranks(store)
+        if len(ranks) < 2:
+            return self._apply(build_signals(store, now, self.window_s))
+        per_rank = []
+        for r in ranks:
+            sig = build_signals(store, now, self.window_s, rank=r)
+            per_rank.append((r, sig, self._apply(sig)))
+        found: dict[str, Finding] = {}
+        for r, _, fs in per_rank:
+            for vid, f in fs.items():
+                if vid not in found or f.level > found[vid].level:
+                    found[vid] = replace(f, evidence={"rank": r["rank"], **f.evidence},
+                                         summary=f"rank {r['rank']}: {f.summary}")
+        straggler = straggler_rank([(r, sig) for r, sig, _ in per_rank], {r["pid"]: fs for r, _, fs in per_rank})
+        if straggler is not None:
+            found[straggler.id] = straggler
+            if straggler.level >= 1.0 and "communication_bound" in found:
+                # the collectives are slow because one rank is late, not because of the network
+                found["communication_bound"] = replace(found["communication_bound"], level=0.0)
+        return found
+
+    def _apply(self, sig) -> dict[str, Finding]:
         found = {}
         for rule in self.rules:
             f = rule(sig)

@@ -45,6 +45,8 @@ CGROUP_MEM_FULL_FRAC = 0.90       # the job's cgroup is at 90% of its memory lim
 MAJFLT_PS = 50.0                  # ... and the main process faults pages in from disk this often
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
+STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least this share ...
+STRAGGLER_GAP = 0.15              # ... and at least this much more than the rank they wait for
 
 
 def _mb(x):
@@ -400,6 +402,44 @@ def gpu_idle(sig: Signals) -> Finding | None:
                    _missing(sig, "gpm", "stacks"))
 
 
+def straggler_rank(ranks: list, findings: dict) -> Finding | None:
+    """One rank is late and the others wait for it in collectives. ``ranks``: [(rank dict,
+    Signals)] of the running ranks; ``findings``: each rank's own findings by PID, for the cause.
+    The rank that waits least in collectives while the others wait a lot is the one they wait
+    for; its own strongest verdict (data, GIL, sync, compute...) is the likely cause."""
+    waits = [(sig.get("py.main.collective"), r, sig) for r, sig in ranks]
+    waits = [(w, r, sig) for w, r, sig in waits if w is not None]
+    if len(waits) < 2:
+        return None
+    waits.sort(key=lambda x: x[0])
+    low, r, sig = waits[0]
+    others = [w for w, _, _ in waits[1:]]
+    high = max(others)
+    mean_others = sum(others) / len(others)
+    gap = mean_others - low
+    level = _gate(gap / STRAGGLER_GAP, high >= STRAGGLER_OTHERS_WAIT)
+    own = [f for vid, f in findings.get(r["pid"], {}).items()
+           if vid not in ("communication_bound", "gpu_bound", "clock_throttled", "gpu_memory_pressure") and f.level >= 1.0]
+    cause = max(own, key=lambda f: f.lost_share) if own else None
+    if cause is not None:
+        why = f"its own verdict: {cause.id} ({cause.summary})"
+        advice = f"Fix rank {r['rank']} first — {cause.advice}"
+    else:
+        busy = sig.get("gpu.sm_active")
+        why = ("it computes more than the others" + (f" (SMs {busy:.0f}% active)" if busy is not None else "")
+               + ": uneven work or a slower GPU/host")
+        advice = (f"Look at rank {r['rank']}'s GPU and host (clocks, other jobs on the node, its data shard); "
+                  "balance the work between ranks.")
+    evidence = {"straggler": r["rank"], "straggler_pid": r["pid"], "straggler_collective_pct": _pct(low),
+                "others_collective_pct": _pct(mean_others),
+                "per_rank_collective_pct": {str(rr["rank"]): _pct(w) for w, rr, _ in waits},
+                "likely_cause": cause.id if cause else "compute"}
+    return Finding("straggler_rank", f"Straggler: rank {r['rank']} holds the others back", SEVERITY_WARNING,
+                   level, mean_others, _confidence(0.85, ()), evidence, advice,
+                   f"rank {r['rank']} waits {low * 100:.0f}% in collectives, the others {mean_others * 100:.0f}%: "
+                   f"they wait for it; {why}")
+
+
 # Order = specificity: on equal lost share (or losses under the engine's MIN_PRIMARY_LOSS), the
 # earlier rule explains more. The zero-loss verdicts come last: memory_bound (a specific kind of
 # busy GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
@@ -407,6 +447,6 @@ RULES: list[Callable[[Signals], Finding | None]] = [
     input_bound, h2d_copy_bound, sync_stall, gil_contention, communication_bound, launch_bound,
     host_memory_pressure, cpu_throttled, gpu_idle, memory_bound, gpu_bound, clock_throttled, gpu_memory_pressure,
 ]
-VERDICT_IDS = ("gpu_bound", "input_bound", "h2d_copy_bound", "launch_bound", "gil_contention", "sync_stall",
+VERDICT_IDS = ("straggler_rank", "gpu_bound", "input_bound", "h2d_copy_bound", "launch_bound", "gil_contention", "sync_stall",
                "memory_bound", "clock_throttled", "host_memory_pressure", "cpu_throttled", "gpu_memory_pressure",
                "communication_bound", "gpu_idle")

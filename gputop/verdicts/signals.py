@@ -50,13 +50,16 @@ def _window(store, kind, since):
     return store.window(kind, since)
 
 
-def _gpu_signals(store, since: float, sig: Signals) -> None:
+def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = None) -> None:
     infos = store.latest_of_kind("gpu_info")
     series = _window(store, "gpu", since)
     if not series:
         return
-    # The GPUs to judge: those the target uses, else those the user chose, else all watched.
-    chosen = [k for k, s in infos.items() if s.get("chosen_by") == "target"]
+    # The GPUs to judge: one rank's, else those the target uses, else those the user chose,
+    # else all watched.
+    chosen = list(only or [])
+    if not chosen:
+        chosen = [k for k, s in infos.items() if s.get("chosen_by") == "target"]
     if not chosen:
         chosen = [k for k, s in infos.items() if s.get("chosen_by") == "user"]
     if not chosen:
@@ -122,7 +125,7 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
     for pid, samples in procs.items():
         role = samples[-1].get("role")
         cpu = _mean(s.get("cpu_pct") for s in samples)
-        if pid == target_pid or role == "main":
+        if pid == target_pid or (target_pid is None and role == "main"):
             sig.set("proc.main.cpu_pct", cpu)
             sig.set("proc.main.majflt_ps", _mean(s.get("majflt_ps") for s in samples))
         elif role == "dataloader_worker":
@@ -133,29 +136,36 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
         sig.set("proc.workers.busy", sum(1 for c in workers if c is not None and c >= 80.0))
 
 
-def _stack_signals(store, since: float, sig: Signals) -> None:
+def _stack_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
     states = store.latest_of_kind("thread_state")
     if not states:
         return
     fresh = {k: s for k, s in states.items() if s.t >= since}
-    main = next((s for s in fresh.values() if s.get("role") == "main"), None)
+    if pid is not None:  # one rank: its main thread is the one whose TID is its PID
+        main = fresh.get(f"{pid}:{pid}")
+        fresh = {k: v for k, v in fresh.items() if k.split(":")[0] == pid}
+    else:
+        main = next((s for s in fresh.values() if s.get("role") == "main"), None)
     if main is None:
         return
     sig.have.add("stacks")
     for state in ("running", "gil", "data", "cuda", "collective", "idle", "cpu_wait", "unknown"):
         v = main.get(f"{state}_pct")
         sig.set(f"py.main.{state}", v / 100.0 if is_number(v) else None)
-    others = [s for s in fresh.values() if s.get("role") == "thread" and s is not main]
+    others = [s for s in fresh.values() if s.get("role") in ("thread", "child") and s is not main
+              and s.key.split(":")[0] == main.key.split(":")[0]]
     busy = sorted(((s.get("running_pct") or 0.0, s.get("name") or s.key) for s in others), reverse=True)
     sig.set("py.others.running_sum", sum(r for r, _ in busy) / 100.0 if busy else 0.0)
     sig.facts["busy_threads"] = [(name, round(r)) for r, name in busy if r >= 20.0][:5]
 
 
-def _probe_signals(store, since: float, sig: Signals) -> None:
+def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
     steps = _window(store, "probe_step", since)
+    if pid is not None:
+        steps = {k: v for k, v in steps.items() if k == pid}
     if not steps:
         return
-    # One rank here (many-rank jobs are judged per rank); take the busiest-reporting process.
+    # One process: the rank asked for, else the busiest-reporting probe.
     key, samples = max(steps.items(), key=lambda kv: len(kv[1]))
     step_sum = sum(s.get("step_s_sum") or 0.0 for s in samples)
     n = sum(s.get("step_n") or 0 for s in samples)
@@ -192,12 +202,32 @@ def _pending(store, sig: Signals) -> None:
         sig.pending.add("probe")  # a probe is attached; its first step window is on its way
 
 
-def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str | None = None) -> Signals:
+def running_ranks(store) -> list[dict]:
+    """The ranks of a distributed job that are running now (``rank`` samples, key PID), by
+    rank number: [{"pid", "rank", "gpu"}]. Empty for a single-process job."""
+    out = []
+    for pid, s in store.latest_of_kind("rank").items():
+        if s.get("state") == "exited":
+            continue
+        gpu = s.get("gpu")
+        out.append({"pid": pid, "rank": s.get("rank"), "gpu": None if gpu is None else str(gpu)})
+    out.sort(key=lambda r: (r["rank"] is None, r["rank"] if isinstance(r["rank"], int) else 0, r["pid"]))
+    return out
+
+
+def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str | None = None,
+                  rank: dict | None = None) -> Signals:
+    """Signals of the job as a whole, or of one ``rank`` (from ``running_ranks``): its GPU,
+    its main thread's states, its probe."""
     since = now - window_s
     sig = Signals(now=now, window_s=window_s)
-    _gpu_signals(store, since, sig)
-    _host_signals(store, since, sig, target_pid)
-    _stack_signals(store, since, sig)
-    _probe_signals(store, since, sig)
+    pid = rank["pid"] if rank else None
+    _gpu_signals(store, since, sig, [rank["gpu"]] if rank and rank.get("gpu") is not None else None)
+    _host_signals(store, since, sig, pid or target_pid)
+    _stack_signals(store, since, sig, pid)
+    _probe_signals(store, since, sig, pid)
     _pending(store, sig)
+    if rank:
+        sig.facts["rank"] = rank.get("rank")
+        sig.facts["pid"] = pid
     return sig
