@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -94,3 +95,23 @@ def test_run_without_a_command():
 
 def test_run_a_program_that_does_not_exist():
     assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1", "--", "/no/such/program"), 1, "no such program")
+
+
+def test_headless_demo_end_to_end_names_the_bottleneck(tmp_path):
+    """The whole chain on a real job: the bundled input-bound workload (CPU torch) started with
+    the probe, every source attached, recorded, then the report with its verdict."""
+    pytest.importorskip("torch")
+    rec = tmp_path / "demo.gtrec"
+    r = gputop_cmd("demo", "--scenario", "input_bound", "--headless", "--duration", "20", "--record", str(rec),
+                   "--json", timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert rep["session"]["clean_end"] and rep["session"]["duration_s"] >= 15
+    assert rep["host"]["processes"] and any(p["role"] == "dataloader_worker" for p in rep["host"]["processes"])
+    # (shares cover the whole session, start-up included, so only their presence is checked here)
+    assert rep["stacks"]["available"] and rep["stacks"]["data_wait_pct"] > 0
+    assert rep["probe"]["found"]
+    assert rep["primary_verdict"]["id"] == "input_bound", rep.get("verdicts")
+    # the same file replays into the same report
+    again = json.loads(gputop_cmd("report", str(rec), "--json").stdout)
+    assert again["primary_verdict"]["id"] == "input_bound"
