@@ -232,9 +232,10 @@ def test_two_monitors_and_a_monitor_killed_mid_stream(basic_run):
     assert basic_run["rc"] == 0
     for col in (basic_run["col_a"], basic_run["col_b"]):
         assert col.last(KIND_PROBE_STEP).get("step_total") == own["steps"]
-    # The first monitor kept receiving windows after the stalled one was killed.
+    # The first monitor kept receiving windows after the stalled one was killed, up to the
+    # job's last step (the probe sends a window a second, so a fast job may end after one).
     after = [s for s in basic_run["col_a"].of(KIND_PROBE_STEP) if s.t > basic_run["killed_at"] + 0.2]
-    assert len(after) >= 2
+    assert after and after[-1].get("step_total") == own["steps"]
     states = [h["state"] for h in basic_run["col_a"].health()]
     assert "ok" in states
 
