@@ -55,6 +55,9 @@ def _add_attach_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--duration", type=float, metavar="S", help="with --headless: how long to sample (seconds)")
     g.add_argument("--json", action="store_true", help="with --headless: print the report as JSON")
     g.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
+    g.add_argument("--prometheus", metavar="[HOST:]PORT",
+                   help="serve the session's metrics to Prometheus on http://HOST:PORT/metrics "
+                        "(host default 127.0.0.1; 0.0.0.0 for all interfaces; docs/prometheus.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +111,13 @@ def _check_attach_args(a: argparse.Namespace) -> None:
     for n in a.gpu or []:
         if n < 0:
             raise UsageError(f"--gpu takes a GPU index (0, 1, ...), not {n}")
+    if a.prometheus is not None:
+        from gputop.export.prometheus import parse_address
+
+        try:
+            parse_address(a.prometheus)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +183,30 @@ def _default_record_path(pid: int) -> str:
     return f"gputop-{pid}-{stamp}.gtrec"
 
 
+def _start_exporter(a: argparse.Namespace):
+    """--prometheus: listen before anything else starts, so a port in use is one line, at once."""
+    if a.prometheus is None:
+        return None
+    from gputop.export.prometheus import ExporterError, PrometheusExporter, parse_address
+
+    try:
+        exporter = PrometheusExporter(*parse_address(a.prometheus))
+    except ExporterError as e:
+        raise CliError(str(e)) from None
+    print(f"gputop: serving Prometheus metrics on {exporter.url}", file=sys.stderr, flush=True)
+    return exporter
+
+
 def attach(pid: int, a: argparse.Namespace, argv: list[str], child: subprocess.Popen | None = None) -> int:
+    exporter = _start_exporter(a)
+    try:
+        return _attach(pid, a, argv, child, exporter)
+    finally:
+        if exporter is not None:
+            exporter.stop()
+
+
+def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -> int:
     from gputop.sources.target import TargetError
 
     record_path = a.record
@@ -186,6 +219,8 @@ def attach(pid: int, a: argparse.Namespace, argv: list[str], child: subprocess.P
     except TargetError as e:
         raise CliError(str(e)) from None
     session.start()
+    if exporter is not None:
+        exporter.serve(session)
     if a.headless:
         return _run_headless(session, target, a, record_path, child)
     from gputop.ui.app import run_app

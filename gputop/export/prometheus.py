@@ -1,0 +1,717 @@
+"""Prometheus export: a ``/metrics`` endpoint that serves a session's latest samples.
+
+``gputop --pid PID --prometheus [HOST:]PORT`` (UI or ``--headless``) starts a
+``PrometheusExporter``: a small threading HTTP server on its own thread serving
+prometheus_client's WSGI app, with a private registry that holds one ``SessionCollector``. The collector reads the session's ``SampleStore``
+only when Prometheus scrapes, so the exporter costs nothing between scrapes (no thread keeps
+gauges up to date) and a scrape always sees the newest samples.
+
+What is served (docs/prometheus.md lists every family with its labels and DCGM equivalent):
+every number the sources measure (GPU, host, processes, threads), thread-state shares, probe
+step timings and counters, one gauge per verdict id, and gputop's own health per source.
+Units follow Prometheus conventions: ratios 0-1 (``*_ratio``), bytes, seconds, hertz; per-second
+rates end in ``_per_second``; ``_total`` only for real counters. Values are the newest sample of
+each series (for GPM fields the newest non-None one: GPM is read on about 60% of GPU samples). A
+series whose source stopped sending (a process that exited, a stopped probe) disappears
+after ``STALE_S``, and a value that is None is left out, never served as a zero.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+import gputop
+from gputop.derive.threads import KIND_THREAD_STATE, STATES, STATE_LABELS
+from gputop.model import (HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS,
+                          KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET, KIND_THREAD)
+from gputop.sources.nvml import CLOCK_EVENT_BITS, GPM_FIELDS, MIB
+from gputop.sources.probe_client import (KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP,
+                                         KIND_PROBE_SYNC)
+from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_PRIMARY
+from gputop.verdicts.rules import VERDICT_IDS
+
+DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics name processes
+DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use by convention
+PREFIX = "gputop_"
+STALE_S = 5.0                # a series not refreshed for this long is gone (sources send every <= 2 s)
+GPM_MAX_AGE_S = 2.0          # newest non-None GPM value, at most this much older than its series
+KIND_RANK = "rank"           # key = PID, field "rank": the distributed rank of a process (when known)
+MAX_PARENT_HOPS = 16         # a process without its own rank inherits its nearest ancestor's
+
+
+class ExporterError(Exception):
+    """The exporter cannot listen where it was asked to. The message is one line for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What each sample field becomes
+
+
+@dataclass(frozen=True)
+class Field:
+    field: str          # the sample's field (docs/metrics.md)
+    name: str           # metric name without the gputop_ prefix
+    scale: float        # exported value = sample value x scale (to Prometheus base units)
+    help: str
+    dcgm: str = ""      # the DCGM field for the same quantity, or how it differs
+
+
+def _same(name: str, fid: int, note: str = "") -> str:
+    return f"same quantity as {name} (field {fid}){note}"
+
+
+PCT = 0.01
+MS = 0.001
+MHZ = 1e6
+
+GPU_FIELDS = (
+    Field("util_gpu", "gpu_utilization_ratio", PCT,
+          "Share of the driver's sample period during which any kernel ran (NVML utilization.gpu), 0-1; "
+          "1 even with a single busy SM: use gputop_gpu_sm_active_ratio for how busy the SMs are.",
+          _same("DCGM_FI_DEV_GPU_UTIL", 203, ", which DCGM reports in percent")),
+    Field("util_mem", "gpu_memory_utilization_ratio", PCT,
+          "Share of time device memory was read or written (NVML utilization.memory), 0-1; not bandwidth.",
+          _same("DCGM_FI_DEV_MEM_COPY_UTIL", 204, ", which DCGM reports in percent")),
+    Field("mem_used", "gpu_memory_used_bytes", 1,
+          "Device memory in use by all processes, in bytes (NVML memory info v2: driver-reserved memory excluded).",
+          "compare with DCGM_FI_DEV_FB_USED (field 252), in MiB; DCGM versions differ in whether reserved "
+          "memory counts as used (here it never does: gputop_gpu_memory_reserved_bytes)"),
+    Field("mem_total", "gpu_memory_total_bytes", 1, "Device memory size, in bytes.",
+          _same("DCGM_FI_DEV_FB_TOTAL", 250, ", which DCGM reports in MiB")),
+    Field("mem_reserved", "gpu_memory_reserved_bytes", 1,
+          "Device memory reserved by the driver and firmware, never usable by programs, in bytes.",
+          _same("DCGM_FI_DEV_FB_RESERVED", 253, ", which DCGM reports in MiB")),
+    Field("power_w", "gpu_power_watts", 1,
+          "Board power draw in watts (NVML power usage: a 1 s average on Ampere and newer).",
+          _same("DCGM_FI_DEV_POWER_USAGE", 155)),
+    Field("power_limit_w", "gpu_power_limit_watts", 1,
+          "Enforced power limit in watts; clocks drop when the draw reaches it.",
+          _same("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 164)),
+    Field("clock_sm_mhz", "gpu_sm_clock_hertz", MHZ, "Current SM clock, in hertz.",
+          _same("DCGM_FI_DEV_SM_CLOCK", 100, ", which DCGM reports in MHz")),
+    Field("clock_mem_mhz", "gpu_memory_clock_hertz", MHZ, "Current memory clock, in hertz.",
+          _same("DCGM_FI_DEV_MEM_CLOCK", 101, ", which DCGM reports in MHz")),
+    Field("temp_c", "gpu_temperature_celsius", 1, "GPU die temperature, in degrees Celsius.",
+          _same("DCGM_FI_DEV_GPU_TEMP", 150)),
+    Field("clock_events_mask", "gpu_clock_events_mask", 1,
+          "Raw NVML clock-event (throttle) reason bits now; gputop_gpu_clock_event has them one by one.",
+          _same("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 112, " (formerly DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)")),
+)
+
+# GPM fields: read on about 60% of GPU samples (>= 100 ms apart), so the newest non-None value.
+GPM_EXPORT = (
+    Field("sm_active", "gpu_sm_active_ratio", PCT,
+          "GPM: share of time warps were resident on the SMs, averaged over all SMs, 0-1; the honest 'how busy'.",
+          _same("DCGM_FI_PROF_SM_ACTIVE", 1002)),
+    Field("sm_occupancy", "gpu_sm_occupancy_ratio", PCT,
+          "GPM: resident warps relative to the maximum, 0-1; higher is not always better.",
+          _same("DCGM_FI_PROF_SM_OCCUPANCY", 1003)),
+    Field("tensor_active", "gpu_tensor_active_ratio", PCT,
+          "GPM: tensor-core pipe activity (any precision), 0-1.",
+          _same("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1004)),
+    Field("dram_bw", "gpu_dram_active_ratio", PCT,
+          "GPM: DRAM bandwidth used relative to the theoretical peak, 0-1 (~0.87 is the practical maximum on H200).",
+          _same("DCGM_FI_PROF_DRAM_ACTIVE", 1005)),
+    Field("gr_active", "gpu_gr_engine_active_ratio", PCT,
+          "GPM: share of time the graphics/compute engine was busy, 0-1.",
+          _same("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001)),
+    Field("pcie_tx_mibs", "gpu_pcie_tx_bytes_per_second", MIB,
+          "PCIe traffic GPU -> host in bytes per second, headers included (GPM; without GPM a 20 ms NVML "
+          "snapshot about once a second).",
+          _same("DCGM_FI_PROF_PCIE_TX_BYTES", 1009, " where GPM is used")),
+    Field("pcie_rx_mibs", "gpu_pcie_rx_bytes_per_second", MIB,
+          "PCIe traffic host -> GPU in bytes per second, headers included (GPM; without GPM a 20 ms NVML "
+          "snapshot about once a second).",
+          _same("DCGM_FI_PROF_PCIE_RX_BYTES", 1010, " where GPM is used")),
+    Field("nvlink_tx_mibs", "gpu_nvlink_tx_bytes_per_second", MIB,
+          "GPM: NVLink data sent over all links in bytes per second, payload only.",
+          _same("DCGM_FI_PROF_NVLINK_TX_BYTES", 1011)),
+    Field("nvlink_rx_mibs", "gpu_nvlink_rx_bytes_per_second", MIB,
+          "GPM: NVLink data received over all links in bytes per second, payload only.",
+          _same("DCGM_FI_PROF_NVLINK_RX_BYTES", 1012)),
+    Field("gpm_window_s", "gpu_gpm_window_seconds", 1,
+          "The time the GPM values above average over, in seconds (>= 0.1)."),
+)
+assert {f.field for f in GPM_EXPORT} == {*GPM_FIELDS, "gpm_window_s"}, "a GPM field without an export"
+
+SYSTEM_FIELDS = (
+    Field("cpu_pct", "host_cpu_utilization_ratio", PCT, "Busy share of all cores of the host, 0-1 (/proc/stat)."),
+    Field("cpu_iowait_pct", "host_cpu_iowait_ratio", PCT, "Share of all cores idle while waiting for disk I/O, 0-1."),
+    Field("cpu_steal_pct", "host_cpu_steal_ratio", PCT,
+          "Share of all cores taken by the hypervisor for other guests, 0-1."),
+    Field("cpu_count", "host_cpus", 1, "Logical CPUs of the host."),
+    Field("load1", "host_load1", 1, "1-minute load average (runnable + uninterruptible tasks)."),
+    Field("mem_total", "host_memory_total_bytes", 1, "Physical memory of the host, in bytes."),
+    Field("mem_available", "host_memory_available_bytes", 1,
+          "Memory available for new work without swapping (MemAvailable), in bytes."),
+    Field("swap_total", "host_swap_total_bytes", 1, "Swap space of the host, in bytes."),
+    Field("swap_used", "host_swap_used_bytes", 1, "Swap space in use, in bytes."),
+    Field("swap_in_bps", "host_swap_in_bytes_per_second", 1, "Bytes read back from swap per second."),
+    Field("swap_out_bps", "host_swap_out_bytes_per_second", 1, "Bytes written to swap per second."),
+    Field("psi_mem_some_pct", "host_pressure_memory_some_ratio", PCT,
+          "Share of time some task was stalled waiting for memory, 0-1 (/proc/pressure/memory)."),
+    Field("psi_mem_full_pct", "host_pressure_memory_full_ratio", PCT,
+          "Share of time all non-idle tasks were stalled on memory at once, 0-1."),
+    Field("psi_io_some_pct", "host_pressure_io_some_ratio", PCT,
+          "Share of time some task was stalled waiting for I/O, 0-1 (/proc/pressure/io)."),
+    Field("psi_cpu_some_pct", "host_pressure_cpu_some_ratio", PCT,
+          "Share of time some runnable task waited for a CPU, 0-1 (/proc/pressure/cpu)."),
+    Field("cgroup_cpu_limit", "cgroup_cpu_limit_cores", 1,
+          "CPU quota of the target's cgroup in cores (quota / period); absent when unlimited."),
+    Field("cgroup_throttled_pct", "cgroup_cpu_throttled_periods_ratio", PCT,
+          "Share of the cgroup's CFS periods in which it hit its CPU quota, 0-1."),
+    Field("cgroup_throttled_ms_per_s", "cgroup_cpu_throttled_seconds_per_second", MS,
+          "Time the cgroup's tasks spent paused by the CPU quota, seconds per second."),
+    Field("cgroup_mem_limit", "cgroup_memory_limit_bytes", 1,
+          "Memory limit of the target's cgroup (tightest of its ancestors), in bytes; absent when unlimited."),
+    Field("cgroup_mem_used", "cgroup_memory_used_bytes", 1,
+          "Memory charged to the target's cgroup, page cache included, in bytes."),
+)
+
+PROC_FIELDS = (
+    Field("cpu_pct", "process_cpu_seconds_per_second", PCT,
+          "CPU time of the process per wall second, user + system (1 = one core busy)."),
+    Field("user_pct", "process_cpu_user_seconds_per_second", PCT, "User-mode CPU time of the process per second."),
+    Field("sys_pct", "process_cpu_system_seconds_per_second", PCT, "Kernel-mode CPU time of the process per second."),
+    Field("cpu_wait_pct", "process_runqueue_wait_seconds_per_second", PCT,
+          "Time the process's threads were ready to run but waited for a CPU, seconds per second (schedstat)."),
+    Field("rss", "process_resident_memory_bytes", 1, "Resident memory of the process, in bytes."),
+    Field("threads", "process_threads", 1, "Number of threads of the process."),
+    Field("majflt_ps", "process_major_page_faults_per_second", 1,
+          "Page faults per second that had to read from disk or swap."),
+    Field("ctx_vol_ps", "process_voluntary_context_switches_per_second", 1,
+          "Voluntary context switches per second, all threads (blocking: I/O, locks, the GIL, sleeps)."),
+    Field("ctx_invol_ps", "process_involuntary_context_switches_per_second", 1,
+          "Involuntary context switches per second, all threads (preempted)."),
+    Field("io_read_bps", "process_disk_read_bytes_per_second", 1,
+          "Bytes the process caused to be read from storage per second (/proc/PID/io read_bytes)."),
+    Field("io_write_bps", "process_disk_write_bytes_per_second", 1,
+          "Bytes the process caused to be written to storage per second (write_bytes)."),
+    Field("io_rchar_bps", "process_read_syscall_bytes_per_second", 1,
+          "Bytes returned by read-like syscalls per second, page cache, pipes and sockets included (rchar)."),
+    Field("io_wchar_bps", "process_write_syscall_bytes_per_second", 1,
+          "Bytes passed to write-like syscalls per second (wchar)."),
+)
+
+THREAD_FIELDS = (
+    Field("cpu_pct", "thread_cpu_seconds_per_second", PCT, "CPU time of the thread per wall second (1 = one core)."),
+    Field("user_pct", "thread_cpu_user_seconds_per_second", PCT, "User-mode CPU time of the thread per second."),
+    Field("sys_pct", "thread_cpu_system_seconds_per_second", PCT, "Kernel-mode CPU time of the thread per second."),
+    Field("cpu_wait_pct", "thread_runqueue_wait_seconds_per_second", PCT,
+          "Time the thread was ready to run but waited for a CPU, seconds per second."),
+    Field("ctx_vol_ps", "thread_voluntary_context_switches_per_second", 1,
+          "Voluntary context switches of the thread per second."),
+    Field("ctx_invol_ps", "thread_involuntary_context_switches_per_second", 1,
+          "Involuntary context switches of the thread per second."),
+)
+
+PROBE_STEP_FIELDS = (
+    Field("steps_per_s", "probe_steps_per_second", 1, "Training steps per second over the probe's last window (~1 s)."),
+    Field("step_ms_mean", "probe_step_seconds_mean", MS, "Mean wall time of a step in the last window, in seconds."),
+    Field("step_ms_p50", "probe_step_seconds_p50", MS, "Median step time in the last window, in seconds."),
+    Field("step_ms_max", "probe_step_seconds_max", MS, "Longest step in the last window, in seconds."),
+    Field("data_wait_ms", "probe_data_wait_seconds_per_step", MS,
+          "Time per step the loop waited for the DataLoader (blocked in next()), in seconds."),
+    Field("data_wait_share", "probe_data_wait_ratio", 1, "Share of step time spent waiting for data, 0-1."),
+    Field("gpu_ms_mean", "probe_gpu_seconds_per_step", MS,
+          "GPU time span per step on the current CUDA stream (CUDA events), in seconds."),
+    Field("other_ms", "probe_other_seconds_per_step", MS,
+          "Step time neither waiting for data nor covered by GPU time (Python, launches), in seconds."),
+    Field("batches_per_s", "probe_batches_per_second", 1, "DataLoader batches handed to the loop per second."),
+    Field("samples_per_s", "probe_samples_per_second", 1, "Samples (leading batch dimension) per second."),
+    Field("syncs_per_step", "probe_implicit_syncs_per_step", 1,
+          "Implicit host-device synchronisations per step (torch's sync debug mode)."),
+    Field("dropped", "probe_dropped_steps", 1, "Steps lost from the probe's bounded buffer in the last window."),
+    Field("probe_cpu_pct", "probe_thread_cpu_seconds_per_second", PCT,
+          "CPU time of the probe's own thread in the training process, seconds per second."),
+    Field("window_s", "probe_window_seconds", 1, "Length of the probe's last window, in seconds."),
+)
+PROBE_STEP_COUNTERS = (
+    Field("step_total", "probe_steps", 1, "Steps since the probe loaded in the process."),
+    Field("batch_total", "probe_batches", 1, "DataLoader batches since the probe loaded."),
+    Field("sample_total", "probe_samples", 1, "Samples since the probe loaded."),
+)
+PROBE_MEMORY_FIELDS = (
+    Field("allocated", "probe_cuda_memory_allocated_bytes", 1, "CUDA caching allocator: memory allocated now, in bytes."),
+    Field("reserved", "probe_cuda_memory_reserved_bytes", 1, "CUDA caching allocator: memory reserved now, in bytes."),
+    Field("peak_allocated", "probe_cuda_memory_peak_allocated_bytes", 1,
+          "Peak allocated memory since the process started (or its last reset_peak_memory_stats), in bytes."),
+    Field("peak_reserved", "probe_cuda_memory_peak_reserved_bytes", 1, "Peak reserved memory, in bytes."),
+)
+PROBE_MEMORY_COUNTERS = (
+    Field("alloc_retries", "probe_cuda_alloc_retries", 1, "cudaMalloc retries after freeing cached memory."),
+    Field("ooms", "probe_cuda_ooms", 1, "CUDA out-of-memory errors the allocator raised."),
+)
+
+# Fields of the sources' METRICS (gputop.sources.metric_specs()) that are not numbers to plot.
+NOT_EXPORTED = {
+    ("gpu", "clock_events"): "a list of names: served one by one as gputop_gpu_clock_event{reason}",
+    ("gpu_procs", "procs"): "a dict per PID: served as gputop_process_gpu_memory_bytes / _sm_utilization_ratio",
+    ("stacks", "threads"): "stack samples: served through the thread states they give (gputop_thread_state_ratio)",
+    ("thread_kernel", "threads"): "kernel wait counts: served through gputop_thread_state_ratio",
+}
+
+
+def exported_fields() -> dict[tuple[str, str], str]:
+    """(kind, field) -> metric name, for every sample field this module serves (tests, docs)."""
+    out = {}
+    for kind, table in ((KIND_GPU, GPU_FIELDS), (KIND_GPU, GPM_EXPORT), (KIND_SYSTEM, SYSTEM_FIELDS),
+                        (KIND_PROC, PROC_FIELDS), (KIND_THREAD, THREAD_FIELDS),
+                        (KIND_PROBE_STEP, PROBE_STEP_FIELDS), (KIND_PROBE_MEMORY, PROBE_MEMORY_FIELDS)):
+        for f in table:
+            out[(kind, f.field)] = PREFIX + f.name
+    for kind, table in ((KIND_PROBE_STEP, PROBE_STEP_COUNTERS), (KIND_PROBE_MEMORY, PROBE_MEMORY_COUNTERS)):
+        for f in table:
+            out[(kind, f.field)] = PREFIX + f.name + "_total"
+    out[(KIND_GPU_PROCS, "other_count")] = PREFIX + "gpu_other_processes"
+    out[(KIND_GPU_PROCS, "other_mem")] = PREFIX + "gpu_other_processes_memory_bytes"
+    for s in STATES:
+        out[(KIND_THREAD_STATE, f"{s}_pct")] = PREFIX + "thread_state_ratio"
+    out[(KIND_THREAD_STATE, "cpu_pct")] = PREFIX + "thread_state_cpu_seconds_per_second"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the families from a store
+
+
+def _help(f: Field, kind: str) -> str:
+    dcgm = f" DCGM: {f.dcgm}." if f.dcgm else ""
+    return f"{f.help}{dcgm} (gputop {kind}.{f.field})"
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+class _Families:
+    """Families by name, created on first use, so only those with samples are served."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[GaugeMetricFamily | CounterMetricFamily, list[str]]] = {}
+
+    def add(self, name: str, help_: str, labels: dict[str, str], value, scale: float = 1,
+            counter: bool = False) -> None:
+        v = _num(value)
+        if v is None:
+            return  # None is "no value": the series is left out, never served as 0
+        got = self._by_name.get(name)
+        if got is None:
+            cls = CounterMetricFamily if counter else GaugeMetricFamily
+            got = self._by_name[name] = (cls(PREFIX + name, help_, labels=list(labels)), list(labels))
+        fam, names = got
+        if scale != 1:
+            v = float(f"{v * scale:.12g}")  # 0.191, not 0.19100000000000003
+        fam.add_metric([labels[k] for k in names], v)
+
+    def __iter__(self):
+        return iter(fam for fam, _names in self._by_name.values())
+
+
+def _fresh(sample, now: float, max_age: float = STALE_S) -> bool:
+    return sample is not None and now - sample.t <= max_age
+
+
+def _ranks(store) -> dict[str, str]:
+    """PID -> rank ("" when unknown). A process without a rank of its own (a DataLoader worker)
+    has the rank of its nearest ancestor that has one."""
+    own: dict[str, str] = {}
+    for kind in (KIND_RANK, KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY):
+        for pid, s in store.latest_of_kind(kind).items():
+            r = s.data.get("rank")
+            if r is not None and not isinstance(r, bool) and pid not in own:
+                own[pid] = str(r)
+    parent: dict[str, str] = {}
+    for kind in (KIND_PROC_INFO, KIND_PROC):
+        for pid, s in store.latest_of_kind(kind).items():
+            pp = s.data.get("ppid")
+            if isinstance(pp, int) and not isinstance(pp, bool):
+                parent[pid] = str(pp)
+
+    def rank_of(pid: str) -> str:
+        p = pid
+        for _ in range(MAX_PARENT_HOPS):
+            if p in own:
+                return own[p]
+            p = parent.get(p)
+            if p is None:
+                break
+        return ""
+
+    return {pid: rank_of(pid) for pid in set(own) | set(parent)}
+
+
+def collect_families(store, now: float, meta: dict, mode: str = "live") -> list:
+    """Every metric family of the session's current state (what one scrape serves)."""
+    fams = _Families()
+    host = str(meta.get("host") or socket.gethostname())
+    target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    target_pid = str(target.get("pid", "")) if target.get("pid") is not None else ""
+    ranks = _ranks(store)
+
+    def rank(pid: str) -> str:
+        return ranks.get(pid, "")
+
+    fams.add("info", "gputop itself: version, the watched PID and its process name, live or replay. Always 1.",
+             {"host": host, "version": gputop.__version__, "pid": target_pid,
+              "target": str(target.get("name") or ""), "mode": mode}, 1)
+    if isinstance(meta.get("start_wall"), (int, float)):
+        fams.add("session_start_timestamp_seconds", "When this gputop session started (Unix time).",
+                 {"host": host}, meta["start_wall"])
+    for pid, s in store.latest_of_kind(KIND_TARGET).items():
+        fams.add("target_running", "1 while the watched process runs, 0 once it exited.",
+                 {"host": host, "pid": pid}, 1 if s.data.get("state") == "running" else 0)
+
+    for pid, s in store.latest_of_kind(KIND_RANK).items():
+        d = s.data
+        if d.get("state", "running") != "running" or d.get("rank") is None:
+            continue
+        fams.add("rank_info", "A rank process of a distributed job in the watched tree (from its environment or "
+                 "the probe), while it runs. Always 1. (gputop rank)",
+                 {"host": host, "pid": pid, "rank": str(d.get("rank")),
+                  "local_rank": "" if d.get("local_rank") is None else str(d.get("local_rank")),
+                  "world_size": "" if d.get("world_size") is None else str(d.get("world_size"))}, 1)
+
+    _gpu(fams, store, now, host, rank)
+    _system(fams, store, now, host)
+    _procs(fams, store, now, host, rank)
+    _threads(fams, store, now, host, rank)
+    _probe(fams, store, now, host, rank)
+    _verdicts(fams, store, now, host, target_pid, meta)
+    _health(fams, store, host)
+    return list(fams)
+
+
+def _gpu(fams: _Families, store, now: float, host: str, rank) -> None:
+    infos = store.latest_of_kind(KIND_GPU_INFO)
+
+    def labels(idx: str) -> dict[str, str]:
+        info = infos.get(idx)
+        d = info.data if info is not None else {}
+        return {"host": host, "gpu": idx, "gpu_uuid": str(d.get("uuid") or ""), "gpu_name": str(d.get("name") or "")}
+
+    for idx, info in infos.items():
+        d = info.data
+        fams.add("gpu_info", "Static facts of a GPU as labels (driver, PCI bus id, GPM support). Always 1.",
+                 {**labels(idx), "driver": str(d.get("driver") or ""), "pci_bus_id": str(d.get("pci_bus_id") or ""),
+                  "gpm": "1" if d.get("gpm") else "0"}, 1)
+        if d.get("watched") is not None:
+            fams.add("gpu_watched", "1 when gputop samples this GPU (it runs the target's processes, or --gpu).",
+                     labels(idx), 1 if d.get("watched") else 0)
+    for idx, s in store.latest_of_kind(KIND_GPU).items():
+        if not _fresh(s, now):
+            continue
+        lab = labels(idx)
+        for f in GPU_FIELDS:
+            fams.add(f.name, _help(f, KIND_GPU), lab, s.data.get(f.field), f.scale)
+        for f in GPM_EXPORT:
+            v = store.latest_value(KIND_GPU, idx, f.field, max_age_s=GPM_MAX_AGE_S)
+            fams.add(f.name, _help(f, KIND_GPU), lab, v, f.scale)
+        events = s.data.get("clock_events")
+        if isinstance(events, list):
+            for _bit, reason in CLOCK_EVENT_BITS:
+                fams.add("gpu_clock_event",
+                         "1 while this reason holds the clocks below their maximum (NVML clock-event reasons), "
+                         "for every known reason. DCGM: the bits of DCGM_FI_DEV_CLOCKS_EVENT_REASONS (field 112).",
+                         {**lab, "reason": reason}, 1 if reason in events else 0)
+    for idx, s in store.latest_of_kind(KIND_GPU_PROCS).items():
+        if not _fresh(s, now):
+            continue
+        lab = labels(idx)
+        procs = s.data.get("procs")
+        if isinstance(procs, dict):
+            for pid, p in procs.items():
+                if not isinstance(p, dict):
+                    continue
+                plab = {"host": host, "gpu": idx, "gpu_uuid": lab["gpu_uuid"], "pid": str(pid), "rank": rank(str(pid))}
+                fams.add("process_gpu_memory_bytes",
+                         "GPU memory used by one process of the target's tree on this GPU, in bytes "
+                         "(NVML compute processes). (gputop gpu_procs.procs[pid].mem)", plab, p.get("mem"))
+                fams.add("process_gpu_sm_utilization_ratio",
+                         "Share of time a kernel of this process ran on this GPU (NVML process utilization "
+                         "smUtil, time-based like gputop_gpu_utilization_ratio), 0-1. (gputop gpu_procs.procs[pid].sm_pct)",
+                         plab, p.get("sm_pct"), PCT)
+        fams.add("gpu_other_processes", "Compute processes on this GPU outside the target's tree (another job "
+                 "sharing it). (gputop gpu_procs.other_count)", lab, s.data.get("other_count"))
+        fams.add("gpu_other_processes_memory_bytes", "GPU memory of the processes outside the target's tree, "
+                 "in bytes. (gputop gpu_procs.other_mem)", lab, s.data.get("other_mem"))
+
+
+def _system(fams: _Families, store, now: float, host: str) -> None:
+    for _key, s in store.latest_of_kind(KIND_SYSTEM).items():
+        if not _fresh(s, now):
+            continue
+        for f in SYSTEM_FIELDS:
+            fams.add(f.name, _help(f, KIND_SYSTEM), {"host": host}, s.data.get(f.field), f.scale)
+
+
+def _procs(fams: _Families, store, now: float, host: str, rank) -> None:
+    for pid, s in store.latest_of_kind(KIND_PROC).items():
+        if not _fresh(s, now):
+            continue
+        lab = {"host": host, "pid": pid, "rank": rank(pid), "role": str(s.data.get("role") or "")}
+        for f in PROC_FIELDS:
+            fams.add(f.name, _help(f, KIND_PROC), lab, s.data.get(f.field), f.scale)
+
+
+THREAD_STATE_HELP = ("Share of the last ~10 s a thread of the target spent in each state, 0-1 (py-spy frames + "
+                     "kernel wait states; absent where a share cannot be known). States: "
+                     + "; ".join(f"{k} = {STATE_LABELS[k]}" for k in STATES) + ". (gputop thread_state.<state>_pct)")
+
+
+def _threads(fams: _Families, store, now: float, host: str, rank) -> None:
+    for key, s in store.latest_of_kind(KIND_THREAD).items():
+        if not _fresh(s, now):
+            continue
+        pid, _, tid = key.partition(":")
+        lab = {"host": host, "pid": pid, "tid": tid, "thread": str(s.data.get("name") or ""), "rank": rank(pid)}
+        for f in THREAD_FIELDS:
+            fams.add(f.name, _help(f, KIND_THREAD), lab, s.data.get(f.field), f.scale)
+    states = store.latest_of_kind(KIND_THREAD_STATE)
+    newest = max((s.t for s in states.values()), default=None)
+    for key, s in states.items():
+        # Only the processor's latest run: a thread missing from it has ended or gone quiet.
+        if not _fresh(s, now, STALE_S + 2.0) or s.t < newest - 0.5:
+            continue
+        d = s.data
+        pid, _, tid = key.partition(":")
+        lab = {"host": host, "pid": pid, "tid": tid, "thread": str(d.get("name") or d.get("comm") or ""),
+               "role": str(d.get("role") or ""), "rank": rank(pid)}
+        for st in STATES:
+            fams.add("thread_state_ratio", THREAD_STATE_HELP, {**lab, "state": st}, d.get(f"{st}_pct"), PCT)
+        fams.add("thread_state_cpu_seconds_per_second",
+                 "On-CPU time of the thread per wall second over the thread-state window (schedstat). "
+                 "(gputop thread_state.cpu_pct)", lab, d.get("cpu_pct"), PCT)
+
+
+def _probe(fams: _Families, store, now: float, host: str, rank) -> None:
+    steps = store.latest_of_kind(KIND_PROBE_STEP)
+    for pid, s in steps.items():
+        if not _fresh(s, now):
+            continue
+        lab = {"host": host, "pid": pid, "rank": rank(pid)}
+        for f in PROBE_STEP_FIELDS:
+            fams.add(f.name, _help(f, KIND_PROBE_STEP), lab, s.data.get(f.field), f.scale)
+        for f in PROBE_STEP_COUNTERS:
+            fams.add(f.name, _help(f, KIND_PROBE_STEP), lab, s.data.get(f.field), f.scale, counter=True)
+        sync = store.latest(KIND_PROBE_SYNC, pid)  # sent on change only: valid while the probe reports
+        if sync is not None:
+            fams.add("probe_implicit_syncs", "Implicit host-device synchronisations since the probe loaded "
+                     "(torch's sync debug mode). (gputop probe_sync.total)", lab, sync.data.get("total"), counter=True)
+    for pid, s in store.latest_of_kind(KIND_PROBE_MEMORY).items():
+        if not _fresh(s, now):
+            continue
+        dev = s.data.get("device")
+        lab = {"host": host, "pid": pid, "rank": rank(pid), "cuda_device": "" if dev is None else str(dev)}
+        for f in PROBE_MEMORY_FIELDS:
+            fams.add(f.name, _help(f, KIND_PROBE_MEMORY), lab, s.data.get(f.field), f.scale)
+        for f in PROBE_MEMORY_COUNTERS:
+            fams.add(f.name, _help(f, KIND_PROBE_MEMORY), lab, s.data.get(f.field), f.scale, counter=True)
+
+
+def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, meta: dict) -> None:
+    primary = store.latest(KIND_VERDICT_PRIMARY, "primary")
+    if not _fresh(primary, now):
+        return  # the verdict engine is not running: no verdict is known, so none is served as 0
+    latest = store.latest_of_kind(KIND_VERDICT)
+    ids = list(VERDICT_IDS) + sorted(set(latest) - set(VERDICT_IDS))
+    start_wall = meta.get("start_wall") if isinstance(meta.get("start_wall"), (int, float)) else None
+    primary_id = primary.data.get("id")
+    for vid in ids:
+        s = latest.get(vid)
+        active = bool(s is not None and _fresh(s, now) and s.data.get("active"))
+        lab = {"host": host, "pid": target_pid, "verdict": vid}
+        fams.add("verdict_active", "1 while this bottleneck verdict is active, 0 otherwise; one series per known "
+                 "verdict id (docs/verdicts.md). (gputop verdict.active)", lab, 1 if active else 0)
+        fams.add("primary_verdict", "1 for the verdict that best explains lost throughput now, 0 for the others "
+                 "(all 0 while none is established). (gputop verdict_primary.id)", lab, 1 if vid == primary_id else 0)
+        if not active:
+            continue
+        d = s.data
+        fams.add("verdict_lost_share_ratio", "Estimated share of step time this active verdict's cause costs, 0-1. "
+                 "(gputop verdict.lost_share)", lab, d.get("lost_share"))
+        fams.add("verdict_confidence_ratio", "Confidence of this active verdict, 0-1 (lower when it had to work "
+                 "without some sources). (gputop verdict.confidence)", lab, d.get("confidence"))
+        fams.add("verdict_level", "The active verdict's main measure divided by its threshold (>= 1 holds). "
+                 "(gputop verdict.level)", lab, d.get("level"))
+        since = _num(d.get("since"))
+        if start_wall is not None and since is not None:
+            fams.add("verdict_active_since_timestamp_seconds", "When this active verdict turned on (Unix time). "
+                     "(gputop verdict.since)", lab, start_wall + since)
+
+
+def _health(fams: _Families, store, host: str) -> None:
+    # Health samples come on change and every ~5 s: the newest one is the current state, whatever its age.
+    for source, s in sorted(store.latest_of_kind(KIND_HEALTH).items()):
+        state = s.data.get("state")
+        lab = {"host": host, "source": source}
+        fams.add("source_up", "1 while this gputop source or processor produces samples (health ok or degraded), "
+                 "0 when it failed or is off (its health message says why). (gputop health.state)",
+                 lab, 1 if state in (HEALTH_OK, HEALTH_DEGRADED) else 0)
+        for st in HEALTH_STATES:
+            fams.add("source_state", "Health state of this gputop source: 1 for the current state "
+                     f"({', '.join(HEALTH_STATES)}). (gputop health.state)", {**lab, "state": st}, 1 if st == state else 0)
+        fams.add("source_rate_hertz", "Measured sampling rate of this gputop source, in hertz. (gputop health.rate_hz)",
+                 lab, s.data.get("rate_hz"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The collector and the HTTP server
+
+
+class SessionCollector:
+    """A prometheus_client collector over a session (live or replay): reads its store at scrape time."""
+
+    def __init__(self, session=None) -> None:
+        self.session = session
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def collect(self) -> Iterable:
+        session = self.session
+        if session is None:
+            return []
+        mode = "live" if getattr(session, "playback", None) is None else "replay"
+        try:
+            return collect_families(session.store, session.now(), dict(session.meta), mode)
+        except Exception as e:  # a bug here must not take the session (or the UI's screen) with it
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            fam = CounterMetricFamily(PREFIX + "exporter_errors", "Scrapes that failed inside gputop's "
+                                      "exporter (a bug: please report it with the error label).", labels=["error"])
+            fam.add_metric([self.last_error[:200]], self.errors)
+            return [fam]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``--prometheus [HOST:]PORT`` -> (host, port); host defaults to 127.0.0.1. ValueError (one
+    line for the user) for anything else."""
+    usage = "give [HOST:]PORT, for example 9464 (this machine only) or 0.0.0.0:9464 (all interfaces)"
+    t = (text or "").strip()
+    if not t:
+        raise ValueError(f"--prometheus needs an address: {usage}")
+    if "://" in t or "/" in t:
+        raise ValueError(f"--prometheus takes HOST:PORT, not a URL ({text!r}): {usage}")
+    if t.startswith("["):  # [IPv6]:PORT
+        host, sep, port = t[1:].partition("]")
+        if not sep or not port.startswith(":") or not host:
+            raise ValueError(f"--prometheus {text!r}: an IPv6 address goes in brackets, e.g. [::1]:9464")
+        port = port[1:]
+    elif t.count(":") == 0:
+        host, port = DEFAULT_HOST, t
+    elif t.count(":") == 1:
+        host, port = t.split(":")
+        if not host:
+            raise ValueError(f"--prometheus {text!r} has no host: {usage}")
+    else:
+        raise ValueError(f"--prometheus {text!r}: an IPv6 address goes in brackets, e.g. [::1]:9464")
+    if not port.isdigit():
+        raise ValueError(f"--prometheus {text!r}: the port must be a number: {usage}")
+    n = int(port)
+    if not 1 <= n <= 65535:
+        raise ValueError(f"--prometheus {text!r}: the port must be between 1 and 65535")
+    if any(c.isspace() for c in host):
+        raise ValueError(f"--prometheus {text!r}: the host has a space in it")
+    return host, n
+
+
+def _bind_problem(host: str, port: int, e: OSError) -> str:
+    where = f"cannot serve Prometheus metrics on {host}:{port}"
+    if isinstance(e, socket.gaierror):
+        return f"{where}: unknown host {host!r}; use an address of this machine, 127.0.0.1 or 0.0.0.0"
+    if e.errno == errno.EADDRINUSE:
+        return f"{where}: the port is already in use (another gputop or exporter?); choose another port with --prometheus"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine; use 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)"
+    if e.errno == errno.EACCES:
+        return f"{where}: permission denied (ports below 1024 need root); choose a port such as {DEFAULT_PORT}"
+    return f"{where}: {e.strerror or e}"
+
+
+class _Discard:
+    def write(self, text) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Nothing on stderr, ever: in the UI it would land in the middle of the screen."""
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+    def get_stderr(self):
+        return _Discard()
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True   # a hung scraper never keeps gputop from exiting
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a scraper that hung up mid-answer: its problem, and no traceback on the screen
+
+
+def _listen(host: str, port: int) -> _Server:
+    """A threading WSGI server bound to (host, port), IPv4 or IPv6 as the address says. Our own
+    rather than prometheus_client.start_http_server, which returns nothing to stop it with
+    before prometheus-client 0.20."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server_class = type("_Server", (_Server,), {"address_family": family})
+    return server_class(sockaddr[:2], _QuietHandler)
+
+
+class PrometheusExporter:
+    """Listens at once (so a port in use is reported before anything else starts); serves the
+    session given to ``serve`` on ``/metrics``. Port 0 picks a free port (tests, benchmarks)."""
+
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, session=None) -> None:
+        self.collector = SessionCollector(session)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        # gputop's own CPU and memory, so a dashboard shows what watching costs.
+        ProcessCollector(namespace="gputop_self", registry=self.registry)
+        # No gzip: metrics go to a Prometheus on this machine or the cluster network, where
+        # ~60 KB per scrape is nothing and compressing it costs gputop ~2 ms of CPU per scrape.
+        self._metrics_app = make_wsgi_app(self.registry, disable_compression=True)
+        try:
+            self._server = _listen(host, port)
+        except OSError as e:  # socket.gaierror is an OSError too
+            raise ExporterError(_bind_problem(host, port, e)) from None
+        self._server.set_app(self._app)
+        self.host = host
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gputop-prometheus", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}/metrics"
+
+    def _app(self, environ, start_response):
+        # Always the classic text format (0.0.4), even when the scraper prefers OpenMetrics as
+        # Prometheus does: prometheus_client renders it in half the CPU time, and for gauges and
+        # counters without exemplars both formats say exactly the same.
+        environ["HTTP_ACCEPT"] = "text/plain;version=0.0.4"
+        return self._metrics_app(environ, start_response)
+
+    def serve(self, session) -> None:
+        self.collector.session = session
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=2)
