@@ -9,4 +9,13 @@ python3 -m venv .venv
 # need it. 2.13.0 is the CPU build on the CI machine's local disk (a looser pin pulls a CUDA build).
 pip install -q torch==2.13.0 numpy
 pip install -q -e '.[test]'
+# The exporter's end-to-end test scrapes with a real Prometheus server (Debian's package).
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null; }
+  else
+    echo "scripts/test.sh: install Prometheus (Debian/Ubuntu: apt-get install prometheus) for the exporter test" >&2
+  fi
+fi
 python -m pytest "$@"
