@@ -73,7 +73,7 @@ def facts():
 def view_key(app, view_id: str) -> str:
     """The number key of a view: views are numbered in registration order, and panel modules
     of other features add views, so tests look the number up instead of assuming it."""
-    return str([v.id for v in app.view_specs].index(view_id) + 1)
+    return str(([v.id for v in app.view_specs].index(view_id) + 1) % 10)  # the tenth view is key 0
 
 
 def bar(app) -> str:

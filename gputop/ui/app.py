@@ -150,6 +150,11 @@ class Banner(Line):
         return None
 
 
+def view_number(n: int) -> str:
+    """The key of the n-th view: 1-9, then 0 for the tenth; later views only by tab."""
+    return str(n % 10) if n <= 10 else "·"
+
+
 class TabLine(Line):
     """The views and their number keys. Titles are shortened (the current one last) until the
     line fits: every view stays reachable and named at 80 columns."""
@@ -163,7 +168,7 @@ class TabLine(Line):
                 break
             longest = max(others, key=lambda i: len(titles[i]))
             titles[longest] = titles[longest][:-1]  # shorten the longest other title first
-        names = [f"{n if n <= 9 else '·'} {title}".rstrip() for n, title in enumerate(titles, 1)]
+        names = [f"{view_number(n)} {title}".rstrip() for n, title in enumerate(titles, 1)]
         t = Text()
         for spec, label in zip(specs, names):
             if spec.id == current:
@@ -263,7 +268,7 @@ class GputopApp(App[int]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("tab", "next_view", "Next view", show=False, priority=True),
         Binding("shift+tab", "prev_view", "Previous view", show=False, priority=True),
-        *[Binding(str(n), f"view({n})", f"View {n}", show=False) for n in range(1, 10)],
+        *[Binding(view_number(n), f"view({n})", f"View {n}", show=False) for n in range(1, 11)],
         Binding("space", "toggle_play", "Play/pause", key_display="space", priority=True),
         Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
         Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
@@ -471,7 +476,8 @@ class GputopApp(App[int]):
         parts.append(table([
             ("q", "quit (ctrl+c too)"),
             ("?", "this help; esc, ? or q closes it"),
-            ("1-9, tab", "switch view: " + ", ".join(f"{n} {v.title}" for n, v in enumerate(self.view_specs, 1))),
+            ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}"
+                                                       for n, v in enumerate(self.view_specs, 1))),
             ("↑ ↓ pgup pgdn", "scroll the view (in a replay pgup/pgdn seek 1 min)"),
         ], 14))
         live = "" if self.session.playback is not None else " (this is a live session: they do nothing)"

@@ -32,6 +32,10 @@ How to add a panel (no edit of the app needed)
 
 The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: primary verdict,
 evidence, advice): register it with ``VIEW = "overview"`` and ``ORDER = 0``.
+
+A panel with keys of its own sets ``FOCUS_ON_SHOW = True`` (and ``can_focus = True``, and
+``BINDINGS``): it gets the keyboard when its view opens. A module can add a section to the help
+screen with ``register_help_section(title, [(term, meaning), ...])``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class ViewSpec:
 _VIEWS: dict[str, ViewSpec] = {}
 _PANELS: list[type["Panel"]] = []
 LOAD_PROBLEMS: list[str] = []
+HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = []
 
 
 def register_view(view_id: str, title: str, order: int) -> ViewSpec:
@@ -70,6 +75,12 @@ def register_panel(cls: type["Panel"]) -> type["Panel"]:
     if cls not in _PANELS:
         _PANELS.append(cls)
     return cls
+
+
+def register_help_section(title: str, rows: list[tuple[str, str]]) -> None:
+    """A section of the help screen (after the built-in ones): a title, then term: meaning rows."""
+    HELP_SECTIONS[:] = [(t, r) for t, r in HELP_SECTIONS if t != title]
+    HELP_SECTIONS.append((title, list(rows)))
 
 
 def views() -> list[ViewSpec]:
@@ -109,6 +120,7 @@ class Panel(Widget):
     NEEDS: ClassVar[tuple[str, ...]] = ()
     TITLE: ClassVar[str] = ""
     METRICS: ClassVar[list[MetricSpec]] = []
+    FOCUS_ON_SHOW: ClassVar[bool] = False  # takes the keyboard when its view opens (own BINDINGS)
 
     DEFAULT_CSS = """
     Panel {

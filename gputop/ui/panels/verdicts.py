@@ -1,0 +1,720 @@
+"""Verdicts in the UI: the strip at the top of the overview and the Verdicts view.
+
+- Overview, ORDER 0 (the reserved top): the primary verdict in one or two lines with its
+  severity in colour *and* words, how long it has held, its confidence, the other active
+  verdicts, and its advice on the next line (clipped). Before the first verdict it says that it
+  is collecting evidence and which sources have not reported yet.
+- The "Verdicts" view: the primary verdict in full (evidence as a table, advice wrapped,
+  confidence and missing sources), every other active verdict, and the timeline of verdict
+  changes. In a replay, ↑ ↓ choose a change and enter jumps to it; ``j`` (here and on the
+  overview) jumps to the moment the primary verdict turned on.
+
+Where the numbers come from: ``verdict``, ``verdict_primary`` and ``verdict_change`` samples
+(gputop/verdicts/engine.py). A replay recomputes them from the raw samples, so what the strip
+shows is this gputop's judgement; the live session's own verdicts stay in the file as
+``<kind>@recorded``. The timeline of a replay covers the whole file: one pass over the
+recording on a background thread (``RecordingTimeline``) gives both the recomputed changes and
+the recorded ones. The session's store alone would not do: it keeps 300 s, and a seek back
+clears it. A live session shows the changes its store holds (the last five minutes at least).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from gputop.session.replay import RECORDED_SUFFIX as RECORDED
+from gputop.session.replay import ReplaySession
+from gputop.session.store import CallbackSubscriber
+from gputop.ui import fmt
+from gputop.ui.panels import TextPanel, register_help_section, register_panel, register_view
+from gputop.ui.snapshot import Snapshot
+from gputop.verdicts import default_processors
+from gputop.verdicts.engine import ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE as KIND_CHANGE
+from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
+from gputop.verdicts.engine import VerdictEngine
+
+register_view("verdicts", "Verdicts", order=15)
+
+SEVERITY_WORD = {"info": "INFO", "warning": "WARNING", "critical": "CRITICAL"}
+SEVERITY_STYLE = {"info": "bold green", "warning": "bold yellow", "critical": "bold red"}
+STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
+STALE_S = 3.0      # the engine publishes every second; older than this, it stopped
+WARM_S = 10.0      # a jump replays this much before its target (see jump_to)
+# a rule holding from t shows as a verdict at the first evaluation >= ENTER_S later
+SHOWS_AFTER_S = math.ceil(ENTER_S / VerdictEngine.interval_s) * VerdictEngine.interval_s
+
+# Sources and the sample kinds that show they have delivered (for "collecting evidence").
+SOURCE_KINDS = {"nvml": ("gpu",), "host": ("system", "proc"), "stacks": ("stacks", "thread_kernel"),
+                "probe": ("probe_step",)}
+
+# One line per verdict id for the help screen; docs/verdicts.md has the thresholds and reasons,
+# and tests/test_ui_verdicts.py checks that every rule in gputop.verdicts.rules is listed here.
+VERDICT_MEANINGS = {
+    "input_bound": "the training loop waits for the DataLoader (>= 20% of step time) while the GPU is not busy",
+    "h2d_copy_bound": "host-to-device copies (>= 1000 MiB/s) run while the SMs are mostly idle: pin memory",
+    "sync_stall": "the main thread waits on the GPU (.item(), .cpu(), synchronize) >= 20% of the time",
+    "gil_contention": "the main thread waits for the GIL >= 15% of the time: other Python threads hold it",
+    "communication_bound": "the main thread is in torch.distributed collectives >= 20% of the time",
+    "launch_bound": "kernels run but are too small to fill the GPU; the CPU launching them is saturated",
+    "host_memory_pressure": "the host swaps or stalls on memory reclaim (PSI), or is nearly out of memory",
+    "cpu_throttled": "the container's CPU quota throttles the job (>= 10% of CFS periods)",
+    "gpu_idle": "the GPU has nothing to do and no wait (data, sync, GIL) explains why",
+    "memory_bound": "a busy GPU limited by DRAM bandwidth (>= 60%), not arithmetic (informational)",
+    "gpu_bound": "the GPU is the bottleneck (SM active >= 80%): the healthy case",
+    "clock_throttled": "clocks slowed by thermal/hardware limits (warning) or the power cap (info)",
+    "gpu_memory_pressure": "GPU memory >= 95% used: allocator retries and fragmentation ahead",
+    "straggler_rank": "a multi-GPU job: one rank is late and the others wait for it in collectives",
+}
+
+register_help_section("Verdicts (what gputop concludes; docs/verdicts.md has the thresholds)", [
+    ("● WARNING id", "the primary verdict: the active one that costs the most step time (colour repeats the "
+                     "word: INFO green, WARNING yellow, CRITICAL red)"),
+    ("j", "replay: jump to when the primary verdict turned on (overview and Verdicts view)"),
+    ("↑ ↓ enter", "Verdicts view: choose a change in the timeline; enter jumps the replay there"),
+    *VERDICT_MEANINGS.items(),
+])
+
+
+# -- reading verdicts from the snapshot -----------------------------------------------------------
+
+def engine_runs(session) -> bool:
+    """Whether this session computes verdicts itself (live, or recomputed by a replay)."""
+    return any(KIND_VERDICT in getattr(p, "produces", ()) for p in getattr(session, "processors", None) or ())
+
+
+def origin(snap: Snapshot) -> str:
+    """What the plain verdict kinds hold: "recomputed" (a replay runs the engine again),
+    "recorded" (a replay without an engine shows what the file holds) or "live"."""
+    if snap.playback is None:
+        return "live"
+    return "recomputed" if engine_runs(snap.session) else "recorded"
+
+
+def has_verdicts(snap: Snapshot) -> bool:
+    return (engine_runs(snap.session) or KIND_PRIMARY in snap.kinds or KIND_VERDICT in snap.kinds
+            or "verdicts" in snap.health())
+
+
+def names(x) -> list[str]:
+    """A list of names from a sample field (anything else, e.g. from a damaged file: none)."""
+    return [fmt.clean(i) for i in x if i] if isinstance(x, (list, tuple)) else []
+
+
+def severity_style(sev) -> str:
+    return SEVERITY_STYLE.get(str(sev), "bold")
+
+
+def severity_word(sev) -> str:
+    return SEVERITY_WORD.get(str(sev), fmt.clean(sev or "?").upper())
+
+
+def held_for(seconds) -> str:
+    """"for 42 s", "for 12 min", "for 2 h 05 min"."""
+    s = fmt.to_float(seconds)
+    if s is None:
+        return ""
+    s = max(0.0, s)
+    if s < 90:
+        return f"for {s:.0f} s"
+    if s < 5400:
+        return f"for {s / 60:.0f} min"
+    h, m = divmod(int(s // 60), 60)
+    return f"for {h} h {m:02d} min"
+
+
+@dataclass(frozen=True)
+class Primary:
+    id: str
+    data: dict           # the latest ``verdict`` sample of that id (evidence, advice...), else the primary's
+    others: list[str]
+    t: float
+
+
+def primary(snap: Snapshot, suffix: str = "") -> Primary | None:
+    s = snap.latest(KIND_PRIMARY + suffix, "primary")
+    if s is None or not s.get("id"):
+        return None
+    vid = str(s.get("id"))
+    detail = snap.latest(KIND_VERDICT + suffix, vid)
+    data = dict(s.data)
+    if detail is not None and detail.get("active"):
+        data.update(detail.data)
+    others = names(s.get("others"))
+    return Primary(vid, data, others, s.t)
+
+
+def active_verdicts(snap: Snapshot) -> dict[str, dict]:
+    """Active verdicts now (latest ``verdict`` sample per id says active, and is fresh)."""
+    out = {}
+    for vid, s in snap.latest_of_kind(KIND_VERDICT).items():
+        if s.get("active") and snap.now - s.t <= STALE_S:
+            out[vid] = s.data
+    return out
+
+
+def pending_sources(snap: Snapshot) -> list[str]:
+    """Sources that run (health ok/degraded) but whose data has not arrived yet."""
+    out = []
+    for name, h in sorted(snap.health().items()):
+        kinds = SOURCE_KINDS.get(name)
+        if kinds and h.get("state") in ("ok", "degraded") and not any(k in snap.kinds for k in kinds):
+            out.append(name)
+    return out
+
+
+def headline(vid: str, data: dict, width: int) -> list[Text]:
+    """The verdict in one line when it fits ("● WARNING id — title (summary)"), else two."""
+    sev = data.get("severity")
+    head = Text()
+    head.append("● ", style=severity_style(sev))
+    head.append(severity_word(sev), style=severity_style(sev))
+    head.append(" ")
+    head.append(fmt.clean(vid), style="bold")
+    title = data.get("title")
+    if title:
+        head.append(" — " + fmt.clean(title))
+    summary = fmt.clean(data.get("summary") or "")
+    if summary and head.cell_len + len(summary) + 3 <= width:
+        head.append(f" ({summary})")
+        return [head]
+    head.truncate(width, overflow="ellipsis")
+    lines = [head]
+    if summary:
+        lines.append(Text("  " + fmt.clip(summary, width - 2)))
+    return lines
+
+
+def verdict_facts(vid: str, data: dict, now: float) -> list[str]:
+    """"for 27 s", "confidence 90%", "costs ~97% of step time", "missing: probe"."""
+    out = []
+    since = fmt.to_float(data.get("since"))
+    if since is not None:
+        out.append(held_for(now - since))
+    conf = fmt.to_float(data.get("confidence"))
+    if conf is not None:
+        out.append(f"confidence {conf * 100:.0f}%")
+    lost = fmt.to_float(data.get("lost_share"))
+    if lost is not None and lost > 0:
+        out.append(f"costs ~{lost * 100:.0f}% of step time")
+    missing = names(data.get("missing"))
+    if missing:
+        out.append("missing: " + ", ".join(missing))
+    return out
+
+
+def no_verdict_text(snap: Snapshot, width: int) -> Text:
+    """What the strip says while there is no primary verdict: the engine failed, it is still
+    collecting evidence (and which sources have not reported), or nothing holds now."""
+    t = Text()
+    h = snap.health().get("verdicts")
+    if h is not None and h.get("state") == "failed":
+        t.append("verdicts failed", style=STYLE_BAD)
+        if h.get("message"):
+            t.append(": " + fmt.clean(h.get("message")))
+        t.truncate(width, overflow="ellipsis")
+        return t
+    seen_any = any(s.get("active") for s in snap.latest_of_kind(KIND_VERDICT).values())
+    if KIND_PRIMARY not in snap.kinds or not seen_any:
+        t.append("○ collecting evidence…", style="bold")
+        pending = pending_sources(snap)
+        if pending:
+            t.append(" waiting for " + ", ".join(pending))
+        elif KIND_PRIMARY not in snap.kinds:
+            t.append(" the verdict engine has not run yet")
+        else:
+            t.append(f" no rule has held for {ENTER_S:g} s yet")
+    else:
+        t.append("○ no verdict holds now", style="bold")
+        ended = [(s.t, vid) for vid, s in snap.latest_of_kind(KIND_VERDICT).items() if not s.get("active")]
+        if ended:
+            tt, vid = max(ended)
+            t.append(f" ({fmt.clean(vid)} ended at {fmt.duration(tt)})")
+    if origin(snap) == "recorded":
+        t.append("  (recorded verdicts)", style=STYLE_DIM)
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+# -- jumping in a replay --------------------------------------------------------------------------
+
+def jump_to(playback, t: float) -> None:
+    """Put the replay at ``t`` (paused) with the verdicts as they were when played up to it.
+
+    A seek back resets the replay's processors, and a verdict needs ``ENTER_S`` of agreement
+    before it shows: seeking straight to the moment a verdict turned on would show nothing
+    there. So the replay seeks ``WARM_S`` earlier (past the engine's enter and leave
+    hysteresis) and plays forward to ``t`` at once, which evaluates the same windows as a
+    replay from the start (tests/test_ui_verdicts.py checks it on every H200 recording)."""
+    if playback.playing:
+        playback.toggle()
+    t = min(max(t, playback.t_start), playback.t_end)
+    play_to = getattr(playback, "play_to", None)
+    if play_to is None:
+        playback.seek(t)
+        return
+    playback.seek(max(playback.t_start, t - WARM_S))
+    play_to(t)
+
+
+# -- the timeline -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Change:
+    t: float                  # when the verdict turned on or off (session seconds)
+    id: str
+    active: bool
+    title: str
+    severity: str | None
+    since: float | None       # when its rule first held (the engine's "since")
+
+
+def change_of(s) -> Change:
+    since = fmt.to_float(s.get("since"))
+    return Change(s.t, str(s.key), bool(s.get("active")), fmt.clean(s.get("title") or s.key),
+                  s.get("severity"), since)
+
+
+def store_changes(snap: Snapshot, kind: str) -> list[Change]:
+    got = snap.store.window(kind, -math.inf)
+    return sorted((change_of(s) for ss in got.values() for s in ss), key=lambda c: (c.t, c.id))
+
+
+class RecordingTimeline:
+    """The verdict changes of a whole recording: recomputed by this gputop's rules, and as the
+    live session recorded them. One pass over the file on a daemon thread, with its own reader,
+    store and processors (nothing shared with the replay on screen); ``cancel`` stops it."""
+
+    STEP_S = 20.0  # play this much between checks of the cancel flag and progress updates
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.recomputed: list[Change] = []
+        self.recorded: list[Change] = []
+        self.progress = 0.0
+        self.covers_to: float | None = None
+        self.error: str | None = None
+        self.done = False
+        self.seconds: float | None = None  # how long the pass took
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gputop-verdict-timeline", daemon=True)
+
+    def start(self) -> "RecordingTimeline":
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return self.done
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        recomputed, recorded = [], []
+
+        def collect(samples) -> None:
+            for s in samples:
+                if s.kind == KIND_CHANGE:
+                    recomputed.append(change_of(s))
+                elif s.kind == KIND_CHANGE + RECORDED:
+                    recorded.append(change_of(s))
+
+        session = None
+        try:
+            session = ReplaySession(self.path, processors=default_processors(), start_playing=False,
+                                    seek_window_s=0.0)
+            session.bus.subscribe(CallbackSubscriber(collect))
+            t0, t1 = session.t_start, session.t_end
+            t = t0
+            while t < t1 and not self._cancel.is_set():
+                t = min(t + self.STEP_S, t1)
+                session.play_to(t)
+                self.progress = (t - t0) / max(t1 - t0, 1e-9)
+            self.covers_to = t
+        except Exception as e:  # a damaged file: say so in the view, keep the replay going
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if session is not None:
+                session.stop()
+        self.recomputed, self.recorded = recomputed, recorded
+        self.seconds = time.perf_counter() - started
+        self.done = True
+
+
+# -- the panels -------------------------------------------------------------------------------------
+
+class JumpsToPrimary:
+    """``j``: jump the replay to when the primary verdict turned on."""
+
+    timeline: RecordingTimeline | None = None
+
+    def action_jump_primary(self) -> None:
+        snap = self.last_snapshot
+        if snap is None or snap.playback is None:
+            self.app.bell()
+            return
+        p = primary(snap)
+        since = fmt.to_float(p.data.get("since")) if p else None
+        if since is None:
+            self.app.bell()
+            return
+        # the change that turned it on: its time is where the verdict shows again after a jump
+        candidates = [c for c in store_changes(snap, KIND_CHANGE) if c.id == p.id and c.active]
+        if self.timeline is not None and self.timeline.done and origin(snap) == "recomputed":
+            candidates += [c for c in self.timeline.recomputed if c.id == p.id and c.active]
+        matching = [c.t for c in candidates if c.since is not None and abs(c.since - since) < 0.5]
+        jump_to(snap.playback, min(matching) if matching else since + SHOWS_AFTER_S)
+        self.app.redraw_now()
+
+
+@register_panel
+class VerdictStrip(JumpsToPrimary, TextPanel):
+    """The overview's top: what is wrong now, in two or three lines."""
+
+    VIEW = "overview"
+    ORDER = 0
+    NEEDS = ()
+    TITLE = "Verdict"
+    FOCUS_ON_SHOW = True
+    can_focus = True
+    BINDINGS = [("j", "jump_primary", "Jump to the verdict's start")]
+
+    def shown(self, snap: Snapshot) -> bool:
+        return has_verdicts(snap)
+
+    def draw(self, snap: Snapshot, width: int) -> Text:
+        p = primary(snap)
+        if p is None:
+            self.border_title = self.TITLE
+            return no_verdict_text(snap, width)
+        # the border line carries the facts, so the verdict keeps its lines
+        facts = verdict_facts(p.id, p.data, snap.now)[:2]
+        if p.others:
+            facts.append("also " + ", ".join(p.others))
+        if origin(snap) == "recorded":
+            facts.append("recorded")
+        stale = snap.playback is None and snap.now - p.t > STALE_S
+        if stale:
+            facts.append("STALE")
+        self.border_title = fmt.clip(" · ".join([self.TITLE, *facts]), max(10, width - 4))
+        lines = headline(p.id, p.data, width)
+        advice = p.data.get("advice")
+        if advice:
+            a = Text()
+            a.append("  → ", style=STYLE_LABEL)
+            a.append(fmt.clip(advice, max(1, width - 4)))
+            lines.append(a)
+        return Text("\n").join(lines)
+
+
+def _value(v) -> str:
+    if v is None:
+        return fmt.NA
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        f = float(v)
+        if not math.isfinite(f):
+            return fmt.NA
+        if f.is_integer():
+            return f"{int(f)}"
+        return f"{f:.0f}" if abs(f) >= 100 else f"{f:.1f}" if abs(f) >= 1 else f"{f:.2f}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_value(x) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{fmt.clean(k)}: {_value(x)}" for k, x in v.items())
+    return fmt.clean(v)
+
+
+UNIT_SUFFIXES = (("_pct", "%"), ("_mib_s", " MiB/s"), ("_ms", " ms"), ("_per_s", "/s"), ("_w", " W"))
+
+
+def evidence_rows(evidence) -> list[tuple[str, str]]:
+    """(name, value) of a verdict's evidence: "data_wait_share_pct": 96.64 -> ("data wait share",
+    "96.6%"); None -> "n/a" (a missing number is never drawn as 0)."""
+    rows = []
+    if not isinstance(evidence, dict):
+        return rows
+    for k, v in evidence.items():
+        name, unit = str(k), ""
+        for suffix, u in UNIT_SUFFIXES:  # also inside the name: worker_cpu_pct_mean -> worker cpu mean, %
+            if name.endswith(suffix) or suffix + "_" in name:
+                name, unit = name.replace(suffix, "", 1), u
+                break
+        value = _value(v)
+        rows.append((fmt.clean(name.replace("_", " ")), value + unit if value != fmt.NA else value))
+    return rows
+
+
+def evidence_table(rows: list[tuple[str, str]], width: int) -> Text:
+    """Rows of "name  value", in two columns when they fit."""
+    out = Text()
+    if not rows:
+        return out
+    name_w = min(24, max(len(n) for n, _ in rows))
+    val_w = min(24, max(len(v) for _, v in rows))
+    two = len(rows) > 2 and 2 * (2 + name_w + 1 + val_w) <= width
+    per_col = math.ceil(len(rows) / 2) if two else len(rows)
+    for r in range(per_col):
+        if r:
+            out.append("\n")
+        cells = [rows[r], rows[r + per_col]] if two and r + per_col < len(rows) else [rows[r]]
+        for c, (name, value) in enumerate(cells):
+            out.append("  " + fmt.clip(name, name_w).ljust(name_w) + " ", style=STYLE_LABEL)
+            if two and c == 0:
+                out.append(fmt.clip(value, val_w).ljust(val_w))
+            else:
+                out.append(fmt.clip(value, max(4, width - (2 + name_w + 1) * (c + 1) - val_w * c)))
+    return out
+
+
+def wrapped(text: str, width: int, indent: int = 2) -> Text:
+    """Words wrapped to ``width`` with an indent (Rich wraps too, but without the indent)."""
+    words = fmt.clean(text).split()
+    lines, line = [], ""
+    room = max(10, width - indent)
+    for w in words:
+        if line and len(line) + 1 + len(w) > room:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}" if line else w
+    if line:
+        lines.append(line)
+    return Text("\n".join(" " * indent + fmt.clip(x, room) for x in lines))
+
+
+@register_panel
+class VerdictDetail(TextPanel):
+    """The Verdicts view's top: the primary verdict in full, then the other active ones."""
+
+    VIEW = "verdicts"
+    ORDER = 10
+    NEEDS = ()
+    TITLE = "Primary verdict"
+
+    def draw(self, snap: Snapshot, width: int) -> Text:
+        width -= 1  # the view scrolls: keep the scroll bar's column free, or lines would wrap when it appears
+        if not has_verdicts(snap):
+            return Text("This session computes no verdicts (no verdict engine runs, and the recording holds "
+                        "none). A replay with gputop replay recomputes them.", style=STYLE_DIM)
+        p = primary(snap)
+        out = Text()
+        if p is None:
+            out.append_text(no_verdict_text(snap, width))
+        else:
+            out.append_text(Text("\n").join(headline(p.id, p.data, width)))
+            facts = verdict_facts(p.id, p.data, snap.now)
+            since = fmt.to_float(p.data.get("since"))
+            if since is not None:
+                facts.insert(1, f"since {fmt.duration(since)}")
+            if not names(p.data.get("missing")):
+                facts.append("all its sources reported")
+            out.append("\n")
+            out.append_text(wrapped(" · ".join(facts), width))
+            rows = evidence_rows(p.data.get("evidence"))
+            if rows:
+                out.append("\nEvidence\n", style=STYLE_LABEL)
+                out.append_text(evidence_table(rows, width))
+            if p.data.get("advice"):
+                out.append("\nAdvice\n", style=STYLE_LABEL)
+                out.append_text(wrapped(p.data.get("advice"), width))
+        others = {v: d for v, d in active_verdicts(snap).items() if p is None or v != p.id}
+        if others:
+            out.append("\nAlso active", style=STYLE_LABEL)
+            for vid, d in sorted(others.items(), key=lambda kv: -(fmt.to_float(kv[1].get("lost_share")) or 0)):
+                out.append("\n")
+                line = Text()
+                line.append("● " + severity_word(d.get("severity")), style=severity_style(d.get("severity")))
+                line.append(f" {fmt.clean(vid)}", style="bold")
+                line.append(" — " + fmt.clean(d.get("summary") or d.get("title") or ""))
+                extra = verdict_facts(vid, d, snap.now)[:1]
+                if extra:
+                    line.append(" · " + extra[0], style=STYLE_DIM)
+                line.truncate(width, overflow="ellipsis")
+                out.append_text(line)
+        # the recorded verdicts are kept: say what the live session concluded at this moment
+        rec = snap.latest(KIND_PRIMARY + RECORDED, "primary") if origin(snap) == "recomputed" else None
+        if rec is not None and snap.now - rec.t <= STALE_S:
+            rid = fmt.clean(rec.get("id")) if rec.get("id") else None
+            same = rid == (fmt.clean(p.id) if p is not None else None)
+            out.append(f"\nRecorded by the live session at this moment: {rid or 'no verdict'}"
+                       + (" (the same)" if same else " (recomputed with this gputop's rules: above)"), style=STYLE_DIM)
+        return out
+
+
+@register_panel
+class VerdictTimeline(JumpsToPrimary, TextPanel):
+    """When each verdict turned on and off; in a replay, enter jumps to the chosen change."""
+
+    VIEW = "verdicts"
+    ORDER = 20
+    NEEDS = ()
+    TITLE = "Timeline of verdict changes"
+    FOCUS_ON_SHOW = True
+    can_focus = True
+    BINDINGS = [("up", "move(-1)", "Previous change"), ("down", "move(1)", "Next change"),
+                ("enter", "jump", "Jump there"), ("j", "jump_primary", "Jump to the primary's start")]
+    REOPEN_GAP_S = 3.0  # no draw for this long: the view was closed (a growing file: read it again)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeline: RecordingTimeline | None = None
+        self.entries: list[tuple[str, Change]] = []  # (section, change) in drawn order
+        self.selected: tuple[str, Change] | None = None
+        self._row_of: list[int] = []                  # line of each entry in the drawn text
+        self._last_draw = 0.0
+
+    def shown(self, snap: Snapshot) -> bool:
+        return has_verdicts(snap)
+
+    def on_unmount(self) -> None:
+        if self.timeline is not None:
+            self.timeline.cancel()
+
+    @property
+    def selected_index(self) -> int | None:
+        try:
+            return self.entries.index(self.selected) if self.selected is not None else None
+        except ValueError:
+            return None
+
+    # -- keys -------------------------------------------------------------------------------
+    def action_move(self, step: int) -> None:
+        if not self.entries:
+            return
+        i = self.selected_index
+        if i is None:
+            i = 0 if step > 0 else len(self.entries) - 1
+        elif not self._visible(i):  # the first key shows where the selection is
+            self._keep_visible(i)
+            return
+        else:
+            if i + step < 0 and self.parent is not None:  # above the first: the view's top again
+                self.parent.scroll_home(animate=False, immediate=True)
+            i = min(max(i + step, 0), len(self.entries) - 1)
+        self.selected = self.entries[i]
+        self._redraw()
+        if i + step >= 0:
+            self._keep_visible(i)
+
+    def action_jump(self) -> None:
+        snap = self.last_snapshot
+        if snap is None or snap.playback is None or self.selected is None:
+            self.app.bell()  # a live session cannot move in time
+            return
+        jump_to(snap.playback, self.selected[1].t)
+        self.app.redraw_now()
+
+    def _redraw(self) -> None:
+        if self.last_snapshot is not None:
+            self.update_view(self.last_snapshot)
+
+    def _row_y(self, i: int) -> int | None:
+        """The selected row's line in the view's scrollable area."""
+        if i >= len(self._row_of):
+            return None
+        return self.virtual_region.y + 1 + self._row_of[i]  # + 1: the border line above the text
+
+    def _visible(self, i: int) -> bool:
+        y, view = self._row_y(i), self.parent
+        if y is None or view is None:
+            return True
+        return view.scroll_offset.y <= y < view.scroll_offset.y + view.scrollable_content_region.height
+
+    def _keep_visible(self, i: int) -> None:
+        from textual.geometry import Region
+
+        y = self._row_y(i)
+        if y is None or self.parent is None:
+            return
+        self.parent.scroll_to_region(Region(0, y, 1, 1), animate=False, immediate=True)
+
+    # -- data -------------------------------------------------------------------------------
+    def _recording_timeline(self, snap: Snapshot) -> RecordingTimeline | None:
+        path = getattr(getattr(snap.session, "reader", None), "path", None)
+        if snap.playback is None or not path:
+            return None
+        wall = time.monotonic()
+        reopened, self._last_draw = wall - self._last_draw > self.REOPEN_GAP_S, wall
+        tl = self.timeline
+        if tl is None or (reopened and tl.done and snap.playback.growing
+                          and (tl.covers_to or 0.0) < snap.playback.t_end):
+            self.timeline = RecordingTimeline(path).start()
+        return self.timeline
+
+    def sections(self, snap: Snapshot) -> list[tuple[str, list[Change]]]:
+        tl = self._recording_timeline(snap)
+        seen = store_changes(snap, KIND_CHANGE)
+        if tl is None:
+            return [("Live session: the changes of the last five minutes (at least)", seen)]
+        if not tl.done:
+            return [(f"Reading the whole recording… {tl.progress * 100:.0f}%; meanwhile the changes seen "
+                     "while playing", seen)]
+        if tl.error:
+            return [(f"Reading the recording failed ({tl.error}); the changes seen while playing", seen)]
+        so_far = ", so far" if snap.playback.growing else ""
+        return [(f"Recomputed by this gputop's rules from the raw samples (whole recording{so_far})", tl.recomputed),
+                (f"Recorded by the live session (whole recording{so_far})", tl.recorded)]
+
+    # -- drawing ------------------------------------------------------------------------------
+    def draw(self, snap: Snapshot, width: int) -> Text:
+        width -= 1  # the scroll bar's column (see VerdictDetail.draw)
+        sections = self.sections(snap)
+        self.entries = [(title, c) for title, cs in sections for c in cs]
+        if self.selected_index is None and self.entries:
+            # start at the first section's latest change at or before now: what explains the screen
+            first = [e for e in self.entries if e[0] == self.entries[0][0]]
+            before = [e for e in first if e[1].t <= snap.now + 1e-6]
+            self.selected = before[-1] if before else first[0]
+        out = Text()
+        if snap.playback is not None:
+            out.append("↑↓ choose · enter: jump the replay there · j: to the primary verdict's start", style=STYLE_DIM)
+        else:
+            out.append("a live session: the timeline only (jumping needs a replay)", style=STYLE_DIM)
+        row, self._row_of = 0, []
+        for title, changes in sections:
+            out.append("\n")
+            row += 1
+            out.append(fmt.clip(title, width), style=STYLE_LABEL)
+            if not changes:
+                out.append("\n  none", style=STYLE_DIM)
+                row += 1
+            for c in changes:
+                out.append("\n")
+                row += 1
+                self._row_of.append(row)
+                out.append_text(self._row(c, (title, c) == self.selected, snap, width))
+        return out
+
+    @staticmethod
+    def _row(c: Change, selected: bool, snap: Snapshot, width: int) -> Text:
+        t = Text()
+        t.append("▸ " if selected else "  ", style="bold")
+        t.append(f"{fmt.duration(c.t):>7} ")
+        if c.active:
+            t.append("on  ", style=severity_style(c.severity))
+        else:
+            t.append("off ")
+        t.append(fmt.clean(c.id).ljust(20), style="bold")
+        if c.active:
+            t.append(" " + severity_word(c.severity).ljust(8), style=severity_style(c.severity))
+            if c.since is not None:
+                t.append(f" held from {fmt.duration(c.since)}")
+        else:
+            t.append(" ended   ")
+            if c.since is not None:
+                t.append(f" on since {fmt.duration(c.since)}")
+        t.append("  " + c.title, style=STYLE_DIM)
+        if selected:
+            t.stylize("reverse")
+        elif snap.playback is not None and c.t > snap.now + 1e-6:
+            t.stylize(STYLE_DIM)  # after the replay's position
+        t.truncate(width, overflow="ellipsis")
+        return t
