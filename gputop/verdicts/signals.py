@@ -41,9 +41,35 @@ class Signals:
         self.values[name] = float(value) if is_number(value) and math.isfinite(value) else None
 
 
+_NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
+
+
 def _mean(xs):
-    xs = [x for x in xs if is_number(x)]
-    return sum(xs) / len(xs) if xs else None
+    total, n = 0.0, 0
+    for x in xs:
+        if type(x) in _NUMBER_TYPES:
+            total += x
+            n += 1
+    return total / n if n else None
+
+
+GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs",
+              "pcie_tx_mibs", "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_sm_mhz", "mem_used",
+              "mem_total", "power_limit_w")
+
+
+def _field_means(samples, fields) -> dict[str, float | None]:
+    """Mean of each field over the samples, in one pass (this runs every second per GPU)."""
+    totals = dict.fromkeys(fields, 0.0)
+    counts = dict.fromkeys(fields, 0)
+    for s in samples:
+        data = s.data
+        for f in fields:
+            v = data.get(f)
+            if type(v) in _NUMBER_TYPES:
+                totals[f] += v
+                counts[f] += 1
+    return {f: (totals[f] / counts[f] if counts[f] else None) for f in fields}
 
 
 def _window(store, kind, since):
@@ -73,11 +99,7 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
     for k in keys:
         samples = series[k]
         info = infos.get(k)
-        row: dict[str, float | None] = {}
-        for name in ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs",
-                     "pcie_tx_mibs", "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_sm_mhz",
-                     "mem_used", "mem_total", "power_limit_w"):
-            row[name] = _mean(s.data.get(name) for s in samples)
+        row = _field_means(samples, GPU_FIELDS)
         n = len(samples)
         events = [s.data.get("clock_events") or [] for s in samples]
         row["power_cap_share"] = sum(any(e in POWER_EVENTS for e in ev) for ev in events) / n
