@@ -393,7 +393,7 @@ def _stacks_text(sec: dict) -> list[str]:
 
 
 def _register_builtin_sections() -> None:
-    from gputop.derive import steps, threads
+    from gputop.derive import ranks, steps, threads
     from gputop.model import KIND_HEALTH as _H
     from gputop.sources.probe_client import PROBE_KINDS
     from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL
@@ -402,6 +402,7 @@ def _register_builtin_sections() -> None:
                                    lambda samples, report: threads.report_section(samples), _stacks_text))
     register_section(ReportSection("probe", (*PROBE_KINDS, _H),
                                    lambda samples, report: steps.report_section(samples), steps.report_lines))
+    register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines))
 
 
 _register_builtin_sections()

@@ -8,6 +8,8 @@ Every tick (2 Hz by default, jittered) it publishes:
   process, and again when its name or role changes, for example after an exec);
 - ``thread``/"PID:TID" for every thread of the main process;
 - ``target``/PID when the target starts being watched and when it exits;
+- ``rank``/PID for every rank of a distributed job in the tree (from the processes'
+  environments, read once per new process: gputop/sources/ranks.py);
 - ``health``/"host" at start, on change and about every 5 s (with gputop's own sampling cost).
 
 How it stays cheap (budget: ~1% of one core for ~10 processes and ~60 threads at 2 Hz):
@@ -36,6 +38,7 @@ from collections import deque
 
 from gputop.model import (KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET,
                           KIND_THREAD, MetricSpec, RateTracker, Sample, clean_float, health_data)
+from gputop.sources.ranks import RankFinder
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -602,6 +605,7 @@ class HostSource:
         self._error: str | None = None
         self._thread_rows_capped = 0
         self._n_threads = 0
+        self.ranks = RankFinder(target.pid)
 
     # -- Source protocol ------------------------------------------------------------------
     def start(self, emit) -> None:
@@ -629,6 +633,7 @@ class HostSource:
             "cgroup": self.cgroup.describe() if self.cgroup else {"problem": self._cgroup_error},
             "thread_rows": f"threads of the main process (at most {MAX_THREAD_ROWS}, busiest first)",
             "fd_budget": self._budget.limit,
+            "ranks": "RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID from /proc/PID/environ, once per new process",
         }
 
     # -- the loop ---------------------------------------------------------------------------
@@ -857,6 +862,8 @@ class HostSource:
                 out.append(Sample(t, KIND_PROC_INFO, str(pid), self._info(proc, by_pid.get(pid))))
             out.append(Sample(t, KIND_PROC, str(pid), data))
         out.extend(self._thread_samples(main, t))
+        out.extend(self.ranks.update(t, {pid: (stats[pid]["ppid"], self._procs[pid].name, self._procs[pid].cmdline)
+                                         for pid in inside}))
         p4 = clock()
         for s in out:
             self._emit(s)
@@ -1047,6 +1054,8 @@ class HostSource:
         except AttributeError:
             pass
         self._close_procs()
+        for s in self.ranks.end_all(t):
+            self._emit(s)
         self._emit(Sample(t, KIND_TARGET, str(self.target.pid), self._target_data("exited")))
         self._maybe_health(t, force=True)
 
@@ -1079,6 +1088,11 @@ class HostSource:
             problems.append(f"I/O counters not readable for PID {shown}: run gputop as the same user or root")
         if self._cgroup_error:
             problems.append(self._cgroup_error)
+        env_denied = sorted(self.ranks.denied)
+        if env_denied:
+            shown = ", ".join(map(str, env_denied[:5])) + (" ..." if len(env_denied) > 5 else "")
+            problems.append(f"environment of PID {shown} not readable (another user's process): their ranks "
+                            f"come from the in-process probe only; run gputop as the same user or root")
         if self._thread_rows_capped:
             problems.append(f"the main process has {self._n_threads} threads: only the busiest "
                             f"{MAX_THREAD_ROWS} are shown")
@@ -1104,6 +1118,7 @@ class HostSource:
         self._emit(Sample(t, KIND_HEALTH, self.name, health_data(
             state, message, rate_hz=round(1.0 / self.interval_s, 3),
             target_state=self.target_state, procs=len(self._procs), threads=self._n_threads,
+            ranks=len(self.ranks.running),
             cost_pct=clean_float(cost, 2),
             tick_ms=clean_float(1000.0 * sum(recent) / len(recent), 2) if recent else None,
             cgroup=self.cgroup.version if self.cgroup else None)))

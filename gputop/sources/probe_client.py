@@ -35,6 +35,7 @@ import psutil
 
 from gputop.model import KIND_EVENT, KIND_HEALTH, Sample, health_data
 from gputop.probe import wire
+from gputop.sources import ranks as _ranks
 
 KIND_PROBE_STEP = "probe_step"
 KIND_PROBE_CONFIG = "probe_config"
@@ -43,6 +44,7 @@ KIND_PROBE_SYNC = "probe_sync"
 PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC)
 
 SOURCE_NAME = "probe"
+RANK_END_WAIT_S = 30.0   # a probed rank whose probe detached but whose process lives on: ended after this
 HEALTH_EVERY_S = 5.0
 MAX_STR = 400
 
@@ -138,6 +140,14 @@ class ProbeClientSource:
         self._last_health: tuple | None = None
         self._health_at = 0.0
         self._scans = 0
+        # Ranks the probe reports, for processes whose environment names none (or cannot be
+        # read): those get ``rank`` samples from here (source "probe"); the host source
+        # publishes the others (gputop/sources/ranks.py).
+        self._env_rank: dict[int, bool] = {}      # pid -> its environment names a rank
+        self._rank_said: dict[int, dict] = {}
+        self._rank_said_at: dict[int, float] = {}
+        self._rank_ending: dict[int, float] = {}  # pid -> when its probe detached
+        self._node = _ranks.node_name()
 
     # -- Source protocol ----------------------------------------------------------------------
     def start(self, emit) -> None:
@@ -199,7 +209,9 @@ class ProbeClientSource:
             return None, []
         dirs: list[str] = []
         try:
-            env_dir = proc.environ().get(wire.ENV_DIR)
+            env = proc.environ()
+            env_dir = env.get(wire.ENV_DIR)
+            self._env_rank[proc.pid] = _ranks.rank_env(env) is not None
         except (psutil.Error, OSError):
             env_dir = None
         if env_dir:
@@ -212,6 +224,7 @@ class ProbeClientSource:
 
     def _scan(self, sel) -> None:
         self._scans += 1
+        self._end_ranks()
         try:
             procs = self.target.tree()
         except Exception:
@@ -219,6 +232,7 @@ class ProbeClientSource:
         live = {p.pid for p in procs}
         for pid in [p for p in self._dirs_of if p not in live]:
             del self._dirs_of[pid]
+            self._env_rank.pop(pid, None)
         for proc in procs:
             pid = proc.pid
             if pid in self._conns or pid in self._bad:
@@ -296,6 +310,13 @@ class ProbeClientSource:
             # file is gone with it; a new probe in that process would be found by the next scan.
             self._detached.add(c.pid)
             self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"probe in PID {c.pid} detached (process exiting?)", "level": "info"})
+            said = self._rank_said.get(c.pid)
+            if said is not None and said["state"] == _ranks.STATE_RUNNING:
+                # A probe closes its socket as its process exits, but the exit (DataLoader
+                # workers, process groups, interpreter teardown) can take seconds: say "exited"
+                # once the process is gone (_end_ranks, at every scan).
+                self._rank_ending[c.pid] = time.monotonic()
+                self._end_ranks()
         self._maybe_health(force=True)
 
     # -- messages -> samples ------------------------------------------------------------------
@@ -332,11 +353,15 @@ class ProbeClientSource:
                 self._seen[c.pid] = info
             who = f"PID {c.pid}" + (f" (rank {c.rank})" if c.rank is not None else "")
             self._detached.discard(c.pid)
+            self._maybe_rank(c, info)
             self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"probe attached: {who}", "level": "info"})
             self._maybe_health(force=True)
             return
         if typ == wire.MSG_WINDOW:
             self._publish(KIND_PROBE_STEP, str(c.pid), self._step_data(c, msg), self._t(c, msg.get("t1")))
+            said = self._rank_said.get(c.pid)
+            if said is not None and self.clock.now() - self._rank_said_at.get(c.pid, 0.0) >= _ranks.REPEAT_S:
+                self._say_rank(said)  # again now and then, for a replay that seeks far
         elif typ == wire.MSG_CONFIG:
             cfg = _clean(msg.get("config"))
             if isinstance(cfg, dict):
@@ -351,6 +376,8 @@ class ProbeClientSource:
                     if c.pid in self._seen:
                         self._seen[c.pid]["torch"] = c.torch
                         self._seen[c.pid]["rank"] = c.rank
+                self._maybe_rank(c, {"rank": c.rank, "local_rank": _int(cfg.get("local_rank")),
+                                     "world_size": _int(cfg.get("world_size"))})
         elif typ == wire.MSG_MEMORY:
             data = {"rank": c.rank, "device": _int(msg.get("device"))}
             for k in ("allocated", "reserved", "peak_allocated", "peak_reserved", "alloc_retries", "ooms"):
@@ -368,6 +395,36 @@ class ProbeClientSource:
             if text:
                 self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"PID {c.pid}: {text}", "level": "warn"})
         # other types: a newer probe; ignored on purpose
+
+    def _maybe_rank(self, c: _ProbeConn, facts: dict) -> None:
+        """A ``rank`` sample (source "probe") for a probed process that reports a rank its
+        environment does not name (or that gputop may not read)."""
+        if c.rank is None or self._env_rank.get(c.pid):
+            return
+        facts = {**(self._rank_said.get(c.pid) or {}), **{k: v for k, v in facts.items() if v is not None},
+                 "rank": c.rank}
+        launcher = self.target.pid if c.pid != self.target.pid else _int((c.hello or {}).get("ppid"))
+        data = _ranks.rank_data(c.pid, facts, _ranks.SOURCE_PROBE, _ranks.STATE_RUNNING, self._node, launcher)
+        if data != self._rank_said.get(c.pid):
+            self._say_rank(data)
+
+    def _end_ranks(self) -> None:
+        for pid, since in list(self._rank_ending.items()):
+            said = self._rank_said.get(pid)
+            if said is None or pid in self._conns:   # gone from our books, or a new probe came
+                del self._rank_ending[pid]
+            elif not _ranks.still_running(pid):
+                del self._rank_ending[pid]
+                self._say_rank({**said, "state": _ranks.STATE_EXITED, "why": "exited"})
+            elif time.monotonic() - since > RANK_END_WAIT_S:
+                del self._rank_ending[pid]
+                self._say_rank({**said, "state": _ranks.STATE_EXITED,
+                                "why": "its probe detached (the process still runs, without a probe)"})
+
+    def _say_rank(self, data: dict) -> None:
+        self._rank_said[data["pid"]] = data
+        self._rank_said_at[data["pid"]] = self.clock.now()
+        self._publish(_ranks.KIND_RANK, str(data["pid"]), data)
 
     def _note_hooks(self, c: _ProbeConn, hooks: dict) -> None:
         c.hooks = hooks

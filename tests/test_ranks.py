@@ -1,0 +1,322 @@
+"""Ranks of a distributed job: found from the launcher, joined, recorded, replayed, reported, drawn.
+
+Real jobs only: a 3-rank ``torchrun`` (``python -m torch.distributed.run``) job on CPU with the
+gloo backend and DDP, rank 2 slowed by 60 ms a step, watched through the launcher's PID by the
+real sources (host, stacks, NVML -- no driver here --, probe client) in a recorded LiveSession;
+and a shell-script launcher whose second rank starts late and has its rank in its arguments only
+(found through its in-process probe). tests/workloads/ranks_train.py is the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gputop.derive.ranks import rank_overview, rank_table, report_lines
+from gputop.derive.threads import KIND_THREAD_STATE, ThreadStateProcessor
+from gputop.report import build_report, render_text
+from gputop.session.launch import launch_with_probe
+from gputop.session.recording import Recorder, RecordingWriter
+from gputop.session.replay import ReplaySession
+from gputop.session.session import LiveSession, SessionClock, base_meta
+from gputop.session.store import CallbackSubscriber
+from gputop.sources.host import HostSource
+from gputop.sources.nvml import NvmlSource
+from gputop.sources.probe_client import ProbeClientSource
+from gputop.sources.ranks import KIND_RANK
+from gputop.sources.stacks import StackSource
+from gputop.sources.target import Target
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WL = ROOT / "tests" / "workloads"
+WORLD, SLOW = 3, 2
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def last_by_key(samples, kind):
+    out = {}
+    for s in samples:
+        if s.kind == kind:
+            out[s.key] = s
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The torchrun job, watched through the launcher.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ranks")
+    own = tmp / "own"
+    log_path = tmp / "job.log"
+    env = dict(os.environ, GPUTOP_PROBE_DIR=str(tmp / "sock"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "--monitor-interval", "0.2", "--nproc-per-node", str(WORLD),
+           str(WL / "ranks_train.py"), "--slow-rank", str(SLOW), "--slow-ms", "60", "--duration", "11",
+           "--out", str(own)]
+    with open(log_path, "w") as log:
+        proc = launch_with_probe(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        clock = SessionClock()
+        target = Target(proc.pid)
+        sources = [HostSource(clock, target), StackSource(clock, target), NvmlSource(clock, target),
+                   ProbeClientSource(clock, target, scan_interval_s=0.5)]
+        meta = base_meta(clock, ["tests/test_ranks.py"])
+        meta["target"] = target.describe()
+        rec = tmp / "ranks.gtrec"
+        session = LiveSession(sources, clock, meta, recorder=Recorder(RecordingWriter(str(rec), meta)),
+                              processors=[ThreadStateProcessor()])
+        samples: list = []
+        session.bus.subscribe(CallbackSubscriber(samples.extend))
+        tables = []   # (t, rank_table rows) about once a second while the job runs
+        session.start()
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1.0)
+            now = session.now()
+            tables.append((now, rank_table(session.store, now)))
+        assert proc.poll() == 0, f"the torchrun job failed or hung: {log_path.read_text()[-3000:]}"
+        end = time.monotonic() + 5   # the host source notices the exits at its next ticks
+        while time.monotonic() < end and any(s.get("state") == "running"
+                                             for s in last_by_key(samples, KIND_RANK).values()):
+            time.sleep(0.2)
+        session.stop()
+    finally:
+        kill_group(proc)
+    mine = {r: json.loads((tmp / f"own.{r}").read_text()) for r in range(WORLD)}
+    yield {"proc": proc, "samples": samples, "tables": tables, "own": mine, "recording": rec, "tmp": tmp}
+
+
+def full_tables(job):
+    """Tables taken while every rank ran and had a thread state."""
+    return [(t, rows) for t, rows in job["tables"]
+            if len(rows) == WORLD and all(r["state"] == "running" and r["collective_pct"] is not None for r in rows)]
+
+
+def test_the_launcher_finds_every_rank(job):
+    ranks = [s for s in job["samples"] if s.kind == KIND_RANK]
+    first = {}
+    for s in ranks:
+        first.setdefault(s.key, s.data)
+    assert len(first) == WORLD, [s.data for s in ranks]   # not torchrun, not its probe, nothing else
+    by_rank = {d["rank"]: d for d in first.values()}
+    assert set(by_rank) == set(range(WORLD))
+    for r, d in by_rank.items():
+        assert d["pid"] == job["own"][r]["pid"] and str(d["pid"]) in first
+        assert d["state"] == "running" and d["world_size"] == WORLD and d["local_world_size"] == WORLD
+        assert d["local_rank"] == r and d["source"] == "env" and d["rank_var"] == "RANK"
+        assert d["launcher_pid"] == job["proc"].pid and d["node"] == socket.gethostname()
+        assert d["restart_count"] == 0 and d["gpu"] is None and d["gpu_hint"] == str(r)
+    health = [s.data for s in job["samples"] if s.kind == "health" and s.key == "host"]
+    assert any(h.get("ranks") == WORLD for h in health)
+
+
+def test_ranks_that_exit_are_marked_ended(job):
+    last = last_by_key(job["samples"], KIND_RANK)
+    assert len(last) == WORLD
+    for d in (s.data for s in last.values()):
+        assert d["state"] == "exited" and d["why"] == "exited", d
+    rows = rank_table(job["samples"], max(s.t for s in job["samples"]))
+    assert [r["state"] for r in rows] == ["exited"] * WORLD
+    assert rank_overview(rows)["exited"] == WORLD and rank_overview(rows)["running"] == 0
+
+
+def test_each_rank_main_thread_is_classified_and_fast_ranks_wait_in_collectives(job):
+    pids = {r: job["own"][r]["pid"] for r in range(WORLD)}
+    keys = {s.key for s in job["samples"] if s.kind == KIND_THREAD_STATE}
+    assert {f"{p}:{p}" for p in pids.values()} <= keys
+    tables = full_tables(job)
+    assert tables, job["tables"][-3:]
+    _t, rows = tables[-1]   # the last 10 s of training
+    by_rank = {r["rank"]: r for r in rows}
+    slow = by_rank[SLOW]
+    for r in range(WORLD):
+        if r == SLOW:
+            continue
+        fast = by_rank[r]
+        # The fast ranks wait for the slow one inside dist.all_reduce: a torch.distributed frame.
+        assert fast["collective_pct"] >= 40, fast
+        assert fast["collective_pct"] >= slow["collective_pct"] + 30, (fast, slow)
+        assert "all_reduce" in (fast["where"] or ""), fast
+    assert slow["collective_pct"] <= 20, slow
+    assert slow["idle_pct"] >= 40 and "slow_work" in (slow["where"] or ""), slow
+
+
+def test_rank_table_joins_the_probe_and_says_what_is_not_known(job):
+    _t, rows = full_tables(job)[-1]
+    for row in rows:
+        mine = job["own"][row["rank"]]
+        assert row["steps_per_s"] is not None and abs(row["steps_per_s"] - mine["steps_per_s"]) <= 0.4 * mine["steps_per_s"], \
+            (row, mine)
+        assert row["data_wait_share"] is not None and row["data_wait_share"] < 0.3
+        assert row["cpu_pct"] is not None and row["thread_cpu_pct"] is not None
+        # No NVML driver here: no GPU, and no SM active, rather than a zero.
+        assert row["gpu"] is None and row["gpu_from"] is None and row["sm_active"] is None and row["gpus"] == []
+    ov = rank_overview(rows)
+    assert ov["running"] == WORLD and ov["world_sizes"] == [WORLD] and ov["missing_local_ranks"] == []
+
+
+def test_record_and_replay_keep_rank_identity(job):
+    t_mid, live_rows = full_tables(job)[-1]
+    session = ReplaySession(str(job["recording"]), processors=[ThreadStateProcessor()], start_playing=False)
+    try:
+        session.seek(t_mid)
+        rows = rank_table(session.store, session.now())
+        assert [(r["rank"], r["pid"], r["state"], r["world_size"]) for r in rows] == \
+            [(r["rank"], r["pid"], "running", WORLD) for r in live_rows]
+        # Thread states are derived again from the recorded stacks: the same picture.
+        by_rank = {r["rank"]: r for r in rows}
+        assert all(by_rank[r]["collective_pct"] >= 40 for r in range(WORLD) if r != SLOW)
+        assert by_rank[SLOW]["collective_pct"] <= 20
+        session.seek(session.t_end)
+        assert [r["state"] for r in rank_table(session.store, session.now())] == ["exited"] * WORLD
+    finally:
+        session.stop()
+
+
+def test_report_has_a_per_rank_table(job):
+    report = build_report(str(job["recording"]), recompute_verdicts=False)
+    sec = report["ranks"]
+    assert sec["available"] and sec["world_sizes"] == [WORLD] and sec["ended"] == WORLD
+    rows = sec["ranks"]
+    assert [(r["rank"], r["pid"]) for r in rows] == [(r, job["own"][r]["pid"]) for r in range(WORLD)]
+    for r in rows:
+        mine = job["own"][r["rank"]]
+        assert r["steps_per_s"] is not None and abs(r["steps_per_s"] - mine["steps_per_s"]) <= 0.4 * mine["steps_per_s"]
+        assert r["state"] == "exited" and r["ended_t"] is not None and r["stack_samples"] > 0
+    # Over the whole recording (start-up included) the fast ranks still waited far more.
+    assert min(r["collective_pct"] for r in rows if r["rank"] != SLOW) > rows[SLOW]["collective_pct"] + 15
+    text = render_text(report)
+    assert "Ranks (" in text
+    lines = report_lines(sec)
+    for r in rows:
+        assert any(f" {r['pid']} " in ln and ln.strip().startswith(str(r["rank"])) for ln in lines), lines
+    json.dumps(report)  # JSON-able
+
+
+def _screen(app) -> str:
+    from rich.console import Console
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+def _ranks_screen(session, size) -> str:
+    from gputop.ui import panels
+    from gputop.ui.app import GputopApp
+
+    panels.load_panel_modules()
+    key = str([v.id for v in panels.views()].index("ranks") + 1)
+
+    async def go():
+        async with GputopApp(session).run_test(size=size) as pilot:
+            await pilot.pause()
+            await pilot.press(key)
+            await pilot.pause()
+            await pilot.pause()
+            return _screen(pilot.app)
+    return asyncio.run(go())
+
+
+def test_the_ranks_view_draws_a_row_per_rank(job):
+    t_mid, live_rows = full_tables(job)[-1]
+    session = ReplaySession(str(job["recording"]), processors=[ThreadStateProcessor()], start_playing=False)
+    try:
+        session.seek(t_mid)
+        text = _ranks_screen(session, (100, 30))
+        if os.environ.get("GPUTOP_SHOW_SCREENS"):
+            print(text)
+        assert f"{WORLD} running of world size {WORLD}" in text
+        assert "coll" in text and "steps/s" in text
+        for row in live_rows:
+            line = next(ln for ln in text.splitlines() if ln.split()[:2] == [str(row["pid"]), str(row["rank"])])
+            assert "running" in line and "%" in line, line
+        session.seek(session.t_end)
+        text = _ranks_screen(session, (80, 24))
+        for row in live_rows:
+            line = next(ln for ln in text.splitlines() if ln.split()[:2] == [str(row["pid"]), str(row["rank"])])
+            assert "exited" in line, line
+        assert f"{WORLD} ended" in text
+    finally:
+        session.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# A shell launcher: a rank that starts late, a rank only its probe can name, a DataLoader worker
+# that inherits its rank's RANK and is not a rank.
+# ---------------------------------------------------------------------------------------------
+
+def test_shell_launcher_late_rank_probe_rank_and_workers(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, MASTER_PORT=str(free_port()), GPUTOP_PROBE_DIR=str(tmp_path / "sock"),
+               OMP_NUM_THREADS="1")
+    cmd = ["sh", str(WL / "ranks_launch.sh"), "3", "--duration", "3", "--workers", "1", "--probe",
+           "--grad-sync", "allreduce", "--out", str(tmp_path / "own")]
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    samples: list = []
+    try:
+        clock = SessionClock()
+        target = Target(proc.pid)
+        sources = [HostSource(clock, target), ProbeClientSource(clock, target, scan_interval_s=0.5)]
+        for src in sources:
+            src.start(samples.append)
+        proc.wait(timeout=150)
+        assert proc.returncode == 0, log_path.read_text()[-3000:]
+        end = time.monotonic() + 5
+        while time.monotonic() < end and any(s.get("state") == "running" for s in last_by_key(samples, KIND_RANK).values()):
+            time.sleep(0.2)
+        for src in sources:
+            src.stop()
+    finally:
+        kill_group(proc)
+    own = {r: json.loads((tmp_path / f"own.{r}").read_text()) for r in range(2)}
+    ranks = [s for s in list(samples) if s.kind == KIND_RANK]
+    first = {}
+    for s in ranks:
+        first.setdefault(s.key, s)
+    assert set(first) == {str(own[0]["pid"]), str(own[1]["pid"])}, [s.data for s in ranks]
+    r0, r1 = first[str(own[0]["pid"])].data, first[str(own[1]["pid"])].data
+    assert (r0["rank"], r0["world_size"], r0["local_world_size"], r0["source"]) == (0, 2, 2, "env")
+    assert (r1["rank"], r1["world_size"], r1["source"]) == (1, 2, "probe")   # no RANK in its environment
+    assert r0["launcher_pid"] == r1["launcher_pid"] == proc.pid
+    # Rank 0's probe reports rank 0 too, but its environment already said so: one source per rank.
+    assert {s.get("source") for s in ranks if s.key == str(own[0]["pid"])} == {"env"}
+    # Rank 1 did not exist when gputop first looked at the tree: it was picked up later.
+    first_tick = min(s.t for s in samples if s.kind == "proc")
+    first_procs = {s.key for s in samples if s.kind == "proc" and s.t == first_tick}
+    assert str(own[1]["pid"]) not in first_procs
+    # Each rank's DataLoader worker carries its rank's environment and is not a rank.
+    workers = {s.key for s in samples if s.kind == "proc" and s.get("ppid") in (own[0]["pid"], own[1]["pid"])}
+    assert workers and not workers & set(first)
+    last = last_by_key(samples, KIND_RANK)
+    assert {k: s.get("state") for k, s in last.items()} == {k: "exited" for k in first}
+    assert all(s.get("why") == "exited" for s in last.values()), [s.data for s in last.values()]
