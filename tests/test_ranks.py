@@ -320,3 +320,24 @@ def test_shell_launcher_late_rank_probe_rank_and_workers(tmp_path):
     last = last_by_key(samples, KIND_RANK)
     assert {k: s.get("state") for k, s in last.items()} == {k: "exited" for k in first}
     assert all(s.get("why") == "exited" for s in last.values()), [s.data for s in last.values()]
+
+
+def test_the_straggler_verdict_names_the_slowed_rank(job):
+    """Replayed through the same processors as a live session: the two fast ranks wait in
+    all_reduce for rank 2, so straggler_rank names rank 2 and becomes the primary verdict."""
+    from gputop.verdicts import default_processors
+
+    session = ReplaySession(str(job["recording"]), processors=default_processors(), start_playing=False,
+                            seek_window_s=0.0)
+    got: list = []
+    session.bus.subscribe(CallbackSubscriber(got.extend))
+    session.play_to(session.t_end)
+    session.stop()
+    straggler = [s for s in got if s.kind == "verdict" and s.key == "straggler_rank" and s.get("active")]
+    assert straggler, "straggler_rank never turned on"
+    assert {s.get("evidence")["straggler"] for s in straggler} == {SLOW}  # also while it fades out
+    primaries = [s.get("id") for s in got if s.kind == "verdict_primary"]
+    first = primaries.index("straggler_rank")
+    rest = [p for p in primaries[first:] if p is not None]
+    assert rest.count("straggler_rank") / len(rest) >= 0.6, primaries
+    assert not any(s.kind == "verdict" and s.key == "communication_bound" and s.get("active") for s in got)

@@ -55,7 +55,7 @@ class VerdictEngine:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
         main thread and probe); a verdict then takes the rank where it holds most strongly and
         names it, and ``straggler_rank`` compares the ranks with each other."""
-        ranks = running_ranks(store)
+        ranks = running_ranks(store, now)
         if len(ranks) < 2:
             return self._apply(build_signals(store, now, self.window_s))
         per_rank = []
@@ -110,7 +110,9 @@ class VerdictEngine:
                         st.active, st.holding_since, st.failing_since = False, None, None
                 else:
                     st.failing_since = None
-            if f is not None:
+            if f is not None and (not st.active or f.level >= LEAVE_LEVEL or st.last is None):
+                # While an active verdict is on its way out, keep the evidence that made it:
+                # the fading finding may describe something else (a straggler that exited).
                 st.last = f
             if st.active != was:
                 out.append(Sample(now, KIND_VERDICT_CHANGE, vid, {

@@ -224,15 +224,18 @@ def _pending(store, sig: Signals) -> None:
         sig.pending.add("probe")  # a probe is attached; its first step window is on its way
 
 
-def running_ranks(store) -> list[dict]:
-    """The ranks of a distributed job that are running now (``rank`` samples, key PID), by
-    rank number: [{"pid", "rank", "gpu"}]. Empty for a single-process job."""
+def running_ranks(store, now: float) -> list[dict]:
+    """The ranks of a distributed job that are running now, by rank number:
+    [{"pid", "rank", "gpu"}], the GPU from NVML's process list (else the environment's hint).
+    Empty for a single-process job."""
+    from gputop.derive.ranks import rank_table
+
     out = []
-    for pid, s in store.latest_of_kind("rank").items():
-        if s.get("state") == "exited":
+    for row in rank_table(store, now):
+        if row.get("state") == "exited":
             continue
-        gpu = s.get("gpu")
-        out.append({"pid": pid, "rank": s.get("rank"), "gpu": None if gpu is None else str(gpu)})
+        gpu = row.get("gpu")
+        out.append({"pid": str(row["pid"]), "rank": row.get("rank"), "gpu": None if gpu is None else str(gpu)})
     out.sort(key=lambda r: (r["rank"] is None, r["rank"] if isinstance(r["rank"], int) else 0, r["pid"]))
     return out
 
