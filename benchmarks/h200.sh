@@ -140,6 +140,29 @@ phase_probe() {
   tail -25 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
+phase_ranks() {
+  # a 2-rank torchrun job sharing the GPU: ranks, their GPU and SM active (issue 6)
+  local d=$RES/ranks; mkdir -p "$d"
+  timeout 90 $PY benchmarks/ranks_h200.py "$d" > "$d/log.txt" 2>&1; echo "ranks_h200 rc=$?" >> "$d/log.txt"
+  tail -15 "$d/log.txt" | tee -a "$SUMMARY"
+}
+
+phase_export() {
+  # the Prometheus exporter serving real NVML data: one scrape of /metrics while gputop runs
+  local d=$RES/export; mkdir -p "$d"
+  $PY -m gputop.demo.workload --scenario gpu_bound --duration 40 > /dev/null 2>&1 &
+  local w=$!
+  sleep 12
+  $PY -m gputop --pid $w --headless --duration 12 --prometheus 127.0.0.1:9464 --record "$d/export.gtrec" \
+      > "$d/report.txt" 2> "$d/gputop.err" &
+  local g=$!
+  sleep 8
+  $PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())" \
+      > "$d/metrics.txt" 2>&1
+  wait $g; kill $w 2>/dev/null; wait $w 2>/dev/null
+  note "export: $(grep -c '^gputop_' "$d/metrics.txt") series; $(grep -m1 '^gputop_gpu_sm_active' "$d/metrics.txt")"
+}
+
 phases=${*:-env nvml host cost scenarios captures}
 mkdir -p "$OUT"
 for p in $phases; do
