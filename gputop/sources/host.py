@@ -405,9 +405,12 @@ class Cgroup:
             limit = None
             if self.mem_v == "v2":
                 for d in self._ancestors(self.mem_dir, self._mem_mount):
-                    value = _int(_read_text(os.path.join(d, "memory.max")))  # "max" = none
-                    if value is not None and (limit is None or value < limit):
-                        limit = value
+                    # memory.high counts too: above it the kernel throttles and reclaims the
+                    # cgroup hard (no OOM kill), which is where a job feels the limit
+                    for name in ("memory.max", "memory.high"):
+                        value = _int(_read_text(os.path.join(d, name)))  # "max" = none
+                        if value is not None and (limit is None or value < limit):
+                            limit = value
             else:
                 stat = _parse_kv((_read_text(os.path.join(self.mem_dir, "memory.stat")) or "").encode())
                 limit = stat.get(b"hierarchical_memory_limit")

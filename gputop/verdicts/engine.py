@@ -28,6 +28,8 @@ ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (n
 LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
 LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
 MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
+# verdicts that describe the GPU's state rather than a cause of lost time
+NOT_A_CAUSE = ("gpu_idle", "gpu_bound", "memory_bound", "clock_throttled", "gpu_memory_pressure")
 
 
 def _rule_id(rule) -> str:
@@ -82,6 +84,11 @@ class VerdictEngine:
             f = rule(sig)
             if f is not None:
                 found[f.id] = f
+        idle = found.get("gpu_idle")
+        if idle is not None and idle.level >= 1.0 and any(
+                f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):
+            # gpu_idle is the fallback "nothing explains it"; here something does
+            found["gpu_idle"] = replace(idle, level=0.0)
         return found
 
     def process(self, store, now: float) -> list[Sample]:

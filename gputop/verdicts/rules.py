@@ -43,6 +43,7 @@ PSI_MEM_SOME_PCT = 10.0           # % of time some task stalled on memory (PSI)
 MEM_AVAILABLE_FRAC = 0.05         # available host memory below 5%
 CGROUP_MEM_FULL_FRAC = 0.90       # the job's cgroup is at 90% of its memory limit ...
 MAJFLT_PS = 50.0                  # ... and the main process faults pages in from disk this often
+PSI_MEM_WITH_FAULTS_PCT = 3.0     # memory stalls that, with those faults, mean thrashing
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least this share ...
@@ -322,9 +323,12 @@ def host_memory_pressure(sig: Signals) -> Finding | None:
         levels.append(psi / PSI_MEM_SOME_PCT)
     if avail is not None:
         levels.append(MEM_AVAILABLE_FRAC / max(avail, 1e-3))
-    if cg is not None and majflt is not None and cg >= CGROUP_MEM_FULL_FRAC:
-        # At its cgroup's limit the job's page cache is evicted as fast as it is read: every
-        # re-read is a major fault that blocks the thread (no swap needed for this to hurt).
+    if majflt is not None and ((cg is not None and cg >= CGROUP_MEM_FULL_FRAC)
+                               or (psi is not None and psi >= PSI_MEM_WITH_FAULTS_PCT)):
+        # Thrashing: the job's pages are evicted as fast as it reads them (at its cgroup's limit,
+        # or while the kernel reports memory stalls), so every re-read is a major fault that
+        # blocks the thread; no swap is needed for this to hurt. Faults without memory stalls
+        # are first reads of mapped files, not pressure.
         levels.append(majflt / MAJFLT_PS)
     level = max(levels)
     blocked = sig.get("py.main.idle")

@@ -1,0 +1,52 @@
+"""What real H200 sessions say about the probe and about ranks (recordings from benchmarks/h200.sh)."""
+
+from __future__ import annotations
+
+import pathlib
+
+from gputop.report import build_report
+from gputop.session.store import CallbackSubscriber
+from gputop.session.replay import ReplaySession
+from gputop.verdicts import default_processors
+
+H200 = pathlib.Path(__file__).resolve().parent / "data" / "h200"
+
+
+def test_probe_counts_two_syncs_per_step_at_their_lines_on_cuda():
+    """benchmarks/probe_accuracy.py's "syncs" job: loss.item() and a nonzero() every step."""
+    rank = build_report(str(H200 / "probe" / "probe_syncs_cuda.gtrec"))["probe"]["ranks"][0]
+    assert rank["syncs_per_step"] == 2.0
+    lines = [line for line, _ in rank["sync_lines"]]
+    assert any(line.endswith("probe_accuracy.py:116") for line in lines)  # loss.item()
+    assert any(line.endswith("probe_accuracy.py:118") for line in lines)  # torch.nonzero
+    assert rank["gpu_steps_timed"] == rank["steps"]                        # CUDA events read for every step
+    assert rank["memory"]["peak_allocated_bytes"] > 0
+    assert rank["config"]["device_name"] == "NVIDIA H200"
+
+
+def test_input_bound_probe_on_cuda_splits_the_step():
+    rank = build_report(str(H200 / "probe" / "probe_input_bound_cuda.gtrec"))["probe"]["ranks"][0]
+    assert rank["data_wait_share"] > 0.5
+    assert 0 < rank["gpu_ms_per_step"] < rank["step_ms"]["mean"]
+
+
+def test_two_ranks_on_one_h200_are_found_with_their_gpu():
+    rep = build_report(str(H200 / "ranks.gtrec"))
+    ranks = rep["ranks"]["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["world_size"] == 2 and r["gpu"] == "0" and r["gpu_from"] == "nvml"
+        assert r["sm_active_mean"] > 5 and r["steps_per_s"] > 1
+
+
+def test_the_h200_straggler_job_names_rank_1():
+    """Rank 1 sleeps 30 ms a step before its all_reduce; rank 0 waits for it."""
+    session = ReplaySession(str(H200 / "ranks.gtrec"), processors=default_processors(), start_playing=False,
+                            seek_window_s=0.0)
+    got: list = []
+    session.bus.subscribe(CallbackSubscriber(got.extend))
+    session.play_to(session.t_end)
+    session.stop()
+    named = {s.get("evidence")["straggler"] for s in got
+             if s.kind == "verdict" and s.key == "straggler_rank" and s.get("active")}
+    assert named == {1}
