@@ -3,14 +3,16 @@
 
     python scripts/make_screenshots.py [RECORDING ...] [--out screenshots] [--at SECONDS]
 
-Without RECORDING it uses every tests/data/*.gtrec. For each recording it pauses the replay
+Without RECORDING it uses the H200 recordings of the input-bound and GPU-bound scenarios. For each recording it pauses the replay
 at ``--at`` seconds (default: 60% of the way in) and saves, into ``--out``:
 
     <name>-overview-80x24.svg   the overview as it looks in an 80x24 terminal over SSH
-    <name>-overview.svg         the overview at 120x36
+    <name>-overview.svg         the overview at 120x36 (verdict strip on top)
+    <name>-verdicts.svg         the verdicts view: evidence, advice, timeline
     <name>-gpus.svg             the GPU view (every counter, with a minute of history)
+    <name>-threads.svg          Python threads: state shares, DataLoader workers
+    <name>-steps.svg            the in-process probe's step split
     <name>-processes.svg        the target's process tree and the host
-    <name>-help.svg             the help screen (keys, and every metric in one line)
 
 Times are shown in UTC so the files do not change with the machine they are made on.
 """
@@ -31,28 +33,30 @@ sys.path.insert(0, str(ROOT))
 from gputop.session.recording import RecordingError  # noqa: E402
 from gputop.session.replay import ReplaySession  # noqa: E402
 from gputop.ui.app import GputopApp  # noqa: E402
+from gputop.verdicts import default_processors  # noqa: E402
 
-SHOTS = (  # (suffix, terminal size, keys pressed before the shot)
-    ("overview-80x24", (80, 24), ()),
-    ("overview", (120, 36), ()),
-    ("gpus", (120, 48), ("2",)),
-    ("processes", (120, 36), ("3",)),
-    ("help", (100, 40), ("question_mark",)),
+DEFAULT = ("input_bound", "gpu_bound")
+SHOTS = (  # (suffix, terminal size, view shown)
+    ("overview-80x24", (80, 24), "overview"),
+    ("overview", (120, 36), "overview"),
+    ("verdicts", (120, 36), "verdicts"),
+    ("gpus", (120, 48), "gpus"),
+    ("threads", (120, 36), "threads"),
+    ("steps", (120, 36), "steps"),
+    ("processes", (120, 36), "procs"),
 )
 
 
 async def shoot(recording: str, out: str, at: float | None) -> list[str]:
     name = pathlib.Path(recording).stem
     made = []
-    for suffix, size, keys in SHOTS:
-        session = ReplaySession(recording, start_playing=False)
+    for suffix, size, view in SHOTS:
+        # The verdicts are recomputed from the raw samples, as `gputop replay` does.
+        session = ReplaySession(recording, processors=default_processors(), start_playing=False)
         position = at if at is not None else session.t_start + 0.6 * (session.t_end - session.t_start)
         session.seek(position)
-        app = GputopApp(session)
+        app = GputopApp(session, start_view=view)
         async with app.run_test(size=size) as pilot:
-            await pilot.pause(0.2)
-            for key in keys:
-                await pilot.press(key)
             await pilot.pause(0.3)
             filename = f"{name}-{suffix}.svg"
             app.save_screenshot(filename=filename, path=out)
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     os.environ["TZ"] = "UTC"
     time.tzset()
-    recordings = a.recordings or sorted(glob.glob(str(ROOT / "tests" / "data" / "*.gtrec")))
+    recordings = a.recordings or [str(ROOT / "tests" / "data" / "h200" / f"{n}.gtrec") for n in DEFAULT]
     if not recordings:
         print("make_screenshots: no recordings given and none in tests/data", file=sys.stderr)
         return 1
