@@ -75,13 +75,8 @@ def test_terminal_too_small(snap_compare):
 
 
 def _gpu_recordings() -> list[pathlib.Path]:
-    from gputop.session.recording import RecordingReader
-    found = []
-    for path in sorted(FIXTURE.parent.glob("*.gtrec")):
-        with RecordingReader(str(path)) as r:
-            if any(s.kind == "gpu" for ref in r.index.chunks[:10] for s in r.read_chunk(ref)):
-                found.append(path)
-    return found
+    """Real H200 sessions (benchmarks/h200.sh): a GPU-bound and an input-bound job."""
+    return [FIXTURE.parent / "h200" / f"{name}.gtrec" for name in ("gpu_bound", "input_bound")]
 
 
 GPU_RECORDINGS = _gpu_recordings()

@@ -66,9 +66,15 @@ def _grey(c: str) -> bool:
     return max(r, g, b) - min(r, g, b) <= 16
 
 
+# A real H200 session whose sync_stall verdict turns on, off and on again (an earlier, less steady
+# version of the sync-stall scenario): the timeline tests need changes to move between.
+FLAPPING = DATA / "timeline" / "sync_stall_flapping.gtrec"
+
+
 def replay(name: str, at: float) -> ReplaySession:
     """A replay that recomputes verdicts (as the CLI's), paused ``at`` seconds into the file."""
-    s = ReplaySession(str(DATA / f"{name}.gtrec"), processors=default_processors(), start_playing=False)
+    path = FLAPPING if name == "sync_stall_flapping" else DATA / f"{name}.gtrec"
+    s = ReplaySession(str(path), processors=default_processors(), start_playing=False)
     s.seek(s.t_start + at)
     return s
 
@@ -229,10 +235,10 @@ def _timeline_rows(text: str, section_start: str) -> list[str]:
 
 @async_test
 async def test_verdicts_view_shows_the_primary_in_full_and_both_timelines():
-    path = DATA / "sync_stall.gtrec"
+    path = FLAPPING
     recomputed, recorded = full_pass(path)
     assert [c.data["active"] for c in recomputed] == [True, False, True]  # on, off, on again
-    session = replay("sync_stall", 29.0)
+    session = replay("sync_stall_flapping", 29.0)
     detail = session.store.latest("verdict", "sync_stall").data
     recorded_now = session.store.latest("verdict_primary@recorded", "primary").data["id"]
     async with GputopApp(session).run_test(size=(120, 40)) as pilot:
@@ -258,9 +264,9 @@ async def test_verdicts_view_shows_the_primary_in_full_and_both_timelines():
 
 @async_test
 async def test_up_down_enter_jumps_the_replay_to_a_change_and_j_to_the_primary_start():
-    recomputed, _ = full_pass(DATA / "sync_stall.gtrec")
+    recomputed, _ = full_pass(FLAPPING)
     first_on, off, second_on = recomputed
-    session = replay("sync_stall", 29.0)
+    session = replay("sync_stall_flapping", 29.0)
     async with GputopApp(session).run_test(size=(80, 24)) as pilot:
         timeline = await open_verdicts_view(pilot)
         assert pilot.app.focused is timeline  # the keys go to the timeline without a click
