@@ -33,7 +33,7 @@ from gputop.verdicts import default_processors
 from gputop.verdicts.rules import VERDICT_IDS
 
 DATA = pathlib.Path(__file__).parent / "data"
-H200 = sorted((DATA / "h200").glob("*.gtrec"))
+H200 = sorted(p for p in (DATA / "h200").glob("*.gtrec") if p.stem != "ranks")  # one per scenario
 CPU_FIXTURE = DATA / "host_cpu_demo.gtrec"
 
 
