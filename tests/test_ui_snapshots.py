@@ -15,12 +15,17 @@ import pytest
 from gputop.session.replay import ReplaySession
 from gputop.ui.app import GputopApp
 
-FIXTURE = pathlib.Path(__file__).parent / "data" / "host_cpu_demo.gtrec"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Relative to the checkout (the tests run from its root), because the Sources view shows the
+# replayed file's path: the snapshots must not depend on where the checkout is.
+FIXTURE = pathlib.Path("tests") / "data" / "host_cpu_demo.gtrec"
 
 
 @pytest.fixture(autouse=True)
 def utc(monkeypatch):
-    """Wall-clock times in the replay bar and the Sources view, the same on every machine."""
+    """Wall-clock times in the replay bar and the Sources view, the same on every machine; and
+    the file paths, relative to the checkout's root."""
+    monkeypatch.chdir(ROOT)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield
