@@ -122,7 +122,8 @@ def _verdict_section(path: str) -> dict:
         session.stop()
     out = summarize_verdicts(got, t0, t1)
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
-            "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"]}
+            "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
+            "no_verdict_why": out["no_verdict_why"]}
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:

@@ -104,3 +104,12 @@ def test_a_blip_does_not_turn_a_verdict_on():
     engine = VerdictEngine(rules=[dial])
     seen = _run(engine, SampleStore(), [0, 1.5, 0, 1.5, 0, 1.5, 0], dial)
     assert not any(seen)
+
+
+def test_a_job_without_gpu_or_steps_gets_a_reason_not_an_endless_collecting(tmp_path):
+    """tests/data/host_cpu_demo.gtrec: a CPU-only job on a machine without an NVIDIA driver."""
+    out = subprocess.run([sys.executable, "-m", "gputop", "report", str(ROOT / "tests" / "data" / "host_cpu_demo.gtrec"),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    rep = json.loads(out.stdout)
+    assert rep["primary_verdict"] is None
+    assert rep["no_verdict_why"].startswith("no GPU counters and no training steps")

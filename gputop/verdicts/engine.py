@@ -28,6 +28,7 @@ ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (n
 LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
 LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
 MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
+NO_GPU_AFTER_EVALUATIONS = 10  # only after 10 s without GPU counters or steps say there are none
 # verdicts that describe the GPU's state rather than a cause of lost time
 NOT_A_CAUSE = ("gpu_idle", "gpu_bound", "memory_bound", "clock_throttled", "gpu_memory_pressure")
 
@@ -49,9 +50,12 @@ class VerdictEngine:
         self.rules = list(rules or RULES)
         self.window_s = window_s
         self.states: dict[str, VerdictState] = {}
+        self.last_signals = None
+        self.evaluations = 0
 
     def reset(self) -> None:
         self.states.clear()
+        self.evaluations = 0
 
     def evaluate(self, store, now: float) -> dict[str, Finding]:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
@@ -59,11 +63,13 @@ class VerdictEngine:
         names it, and ``straggler_rank`` compares the ranks with each other."""
         ranks = running_ranks(store, now)
         if len(ranks) < 2:
-            return self._apply(build_signals(store, now, self.window_s))
+            self.last_signals = build_signals(store, now, self.window_s)
+            return self._apply(self.last_signals)
         per_rank = []
         for r in ranks:
             sig = build_signals(store, now, self.window_s, rank=r)
             per_rank.append((r, sig, self._apply(sig)))
+        self.last_signals = per_rank[0][1]
         found: dict[str, Finding] = {}
         for r, _, fs in per_rank:
             for vid, f in fs.items():
@@ -93,6 +99,7 @@ class VerdictEngine:
 
     def process(self, store, now: float) -> list[Sample]:
         found = self.evaluate(store, now)
+        self.evaluations += 1
         out: list[Sample] = []
         for vid in sorted(set(found) | set(self.states), key=lambda v: ORDER.get(v, 99)):
             st = self.states.setdefault(vid, VerdictState())
@@ -129,7 +136,7 @@ class VerdictEngine:
                 out.append(Sample(now, KIND_VERDICT, vid, self._data(st, now)))
         ranked = self.ranked()
         primary = ranked[0] if ranked else None
-        pdata = {"id": None, "others": [v for v, _ in ranked[1:]]}
+        pdata = {"id": None, "others": [v for v, _ in ranked[1:]], "why": self._why_none()}
         if primary is not None:
             vid, st = primary
             pdata.update({"id": vid, "title": st.last.title, "summary": st.last.summary,
@@ -137,6 +144,20 @@ class VerdictEngine:
                           "confidence": st.last.confidence, "since": st.since})
         out.append(Sample(now, KIND_VERDICT_PRIMARY, "primary", pdata))
         return out
+
+    def _why_none(self) -> str:
+        """Why there is no primary verdict, in words for the UI and the report."""
+        sig = self.last_signals
+        if sig is None:
+            return "no samples yet"
+        if sig.pending:
+            return "waiting for " + ", ".join(sorted(sig.pending))
+        if self.evaluations < NO_GPU_AFTER_EVALUATIONS:
+            return "collecting evidence"
+        if "nvml" not in sig.have and "probe" not in sig.have:
+            return ("no GPU counters and no training steps seen: the verdicts judge GPU training "
+                    "jobs (the host and Python panels still apply)")
+        return "no bottleneck rule holds now"
 
     def ranked(self) -> list[tuple[str, VerdictState]]:
         """Active verdicts, most lost throughput first; small losses count as none, and ties go

@@ -24,6 +24,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     timeline = []
     first_verdict_t = None
     evaluations = 0
+    why_none = None
     for s in samples:
         if s.kind == KIND_VERDICT and s.get("active"):
             active_n[s.key] += 1
@@ -33,6 +34,8 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         elif s.kind == KIND_VERDICT_PRIMARY:
             evaluations += 1
             pid = s.get("id")
+            if not pid and isinstance(s.get("why"), str):
+                why_none = s.get("why")
             if pid:
                 primary_n[pid] += 1
                 primary_first.setdefault(pid, s.t)
@@ -61,7 +64,8 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
                    "first_seen_s": round(primary_first[vid] - t_start, 1),
                    "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
     return {"verdicts": verdicts, "primary_verdict": primary, "timeline": timeline,
-            "first_verdict_s": round(first_verdict_t - t_start, 1) if first_verdict_t is not None else None}
+            "first_verdict_s": round(first_verdict_t - t_start, 1) if first_verdict_t is not None else None,
+            "no_verdict_why": why_none if primary is None else None}
 
 
 def _evidence_summary(rows: list[dict]) -> dict:
@@ -84,7 +88,7 @@ def render_verdicts_text(section: dict) -> list[str]:
     lines = ["Triage (verdicts, ranked by the share of the session each explained)"]
     p = section.get("primary_verdict")
     if p is None:
-        lines.append("  no verdict: not enough data (a few seconds of GPU or Python samples are needed)")
+        lines.append(f"  no verdict: {section.get('no_verdict_why') or 'not enough data'}")
         return lines
     lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the session, "
                  f"from {p['first_seen_s']:.0f} s")

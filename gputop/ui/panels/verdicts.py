@@ -219,6 +219,14 @@ def no_verdict_text(snap: Snapshot, width: int) -> Text:
         t.truncate(width, overflow="ellipsis")
         return t
     seen_any = any(s.get("active") for s in snap.latest_of_kind(KIND_VERDICT).values())
+    primary = snap.latest(KIND_PRIMARY, "primary")
+    why = primary.get("why") if primary is not None else None
+    if isinstance(why, str) and why.startswith("no GPU counters"):
+        # nothing for the rules to judge on this job: say so rather than "collecting" forever
+        t.append("○ no verdict: ", style="bold")
+        t.append(fmt.clean(why))
+        t.truncate(width, overflow="ellipsis")
+        return t
     if KIND_PRIMARY not in snap.kinds or not seen_any:
         t.append("○ collecting evidence…", style="bold")
         pending = pending_sources(snap)
