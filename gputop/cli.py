@@ -225,9 +225,27 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
         return _run_headless(session, target, a, record_path, child)
     from gputop.ui.app import run_app
     try:
-        return run_app(session)
+        with _exit_on_sigterm():
+            return run_app(session)
     finally:
         session.stop()
+
+
+class _exit_on_sigterm:
+    """In the UI, SIGTERM (a kill, a closing SSH session's hang-up) unwinds like a quit, so the
+    recording is closed, py-spy stopped and a started command stopped too."""
+
+    def __enter__(self):
+        def leave(signum, frame):
+            raise SystemExit(128 + signum)
+
+        self._old = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
 
 
 def _run_headless(session, target, a, record_path: str, child) -> int:
@@ -285,7 +303,8 @@ def cmd_replay(a) -> int:
     session.set_speed(a.speed)
     from gputop.ui.app import run_app
     try:
-        return run_app(session)
+        with _exit_on_sigterm():
+            return run_app(session)
     finally:
         session.stop()
 
@@ -306,24 +325,25 @@ def cmd_report(a) -> int:
 
 
 def _start_child(argv: list[str], log_path: str, with_probe: bool) -> subprocess.Popen:
+    from gputop.session.launch import LaunchError, launch_with_probe
+
     env = dict(os.environ)
-    # The child dies with gputop, even when gputop is killed with SIGKILL (Linux).
+    # The child dies with gputop, even when gputop is killed with SIGKILL (Linux); it leads a
+    # process group of its own so that stopping it reaches its children too (_stop_child).
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
     log = open(log_path, "ab")
     try:
         if with_probe:
-            try:
-                from gputop.session.launch import launch_with_probe
-            except ModuleNotFoundError:
-                launch_with_probe = None
-            if launch_with_probe is not None:
-                return launch_with_probe(argv, env=env, stdout=log, stderr=log, preexec_fn=preexec)
+            return launch_with_probe(argv, env=env, stdout=log, stderr=log, preexec_fn=preexec,
+                                     start_new_session=True)
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                preexec_fn=preexec)
+                                preexec_fn=preexec, start_new_session=True)
     except FileNotFoundError:
         raise CliError(f"cannot start {argv[0]!r}: no such program") from None
     except PermissionError:
         raise CliError(f"cannot start {argv[0]!r}: permission denied") from None
+    except (LaunchError, OSError) as e:
+        raise CliError(f"cannot start {argv[0]!r}: {getattr(e, 'strerror', None) or e}") from None
     finally:
         log.close()
 
@@ -348,13 +368,21 @@ def _die_with_parent() -> None:
 
 
 def _stop_child(child: subprocess.Popen) -> None:
-    if child.poll() is None:
-        child.terminate()
+    """Stop the command gputop started, and everything it started (torchrun's workers, a
+    shell script's children): SIGTERM to its process group, SIGKILL after 5 s."""
+    def signal_group(sig):
         try:
-            child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    signal_group(signal.SIGTERM)
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        signal_group(signal.SIGKILL)
+        child.wait()
+    signal_group(signal.SIGKILL)  # stragglers of the group that ignored SIGTERM
 
 
 def _watch_child(argv: list[str], a, parent_argv: list[str], with_probe: bool, what: str) -> int:

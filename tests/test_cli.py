@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -115,3 +117,21 @@ def test_headless_demo_end_to_end_names_the_bottleneck(tmp_path):
     # the same file replays into the same report
     again = json.loads(gputop_cmd("report", str(rec), "--json").stdout)
     assert again["primary_verdict"]["id"] == "input_bound"
+
+
+def test_run_stops_the_whole_command_it_started(tmp_path):
+    """A shell script's children (or torchrun's workers) are stopped with it, not left behind."""
+    marker = f"sleep {4000 + os.getpid() % 1000}"
+    r = gputop_cmd("run", "--headless", "--duration", "2", "--record", str(tmp_path / "r.gtrec"), "--",
+                   "sh", "-c", f"{marker} & wait", timeout=120)
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == [], f"left running: {left}"
+
+
+def test_run_a_file_that_cannot_be_executed(tmp_path):
+    script = tmp_path / "noshebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1", "--", str(script)), 1, "cannot start")
