@@ -60,8 +60,16 @@ def _add_attach_options(p: argparse.ArgumentParser) -> None:
                         "(host default 127.0.0.1; 0.0.0.0 for all interfaces; docs/prometheus.md)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (what is wrong, where to look), not the
+    usage block followed by the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"gputop: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gputop",
         description="Why is my training job slow? Live GPU counters, Python stacks and step timings, "
                     "fused into bottleneck verdicts.",
@@ -326,11 +334,12 @@ def cmd_report(a) -> int:
 
 def _start_child(argv: list[str], log_path: str, with_probe: bool) -> subprocess.Popen:
     from gputop.session.launch import LaunchError, launch_with_probe
+    from gputop.sources.target import dies_with_parent
 
     env = dict(os.environ)
     # The child dies with gputop, even when gputop is killed with SIGKILL (Linux); it leads a
     # process group of its own so that stopping it reaches its children too (_stop_child).
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = dies_with_parent(signal.SIGTERM)
     log = open(log_path, "ab")
     try:
         if with_probe:
@@ -355,16 +364,6 @@ def _last_line(path: str) -> str:
         return f": {lines[-1]}" if lines else ""
     except OSError:
         return ""
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _stop_child(child: subprocess.Popen) -> None:
@@ -399,9 +398,15 @@ def _watch_child(argv: list[str], a, parent_argv: list[str], with_probe: bool, w
         _stop_child(child)
 
 
+def _no_pid(a, command: str) -> None:
+    if a.pid is not None:
+        raise UsageError(f"--pid does not go with `gputop {command}`: it starts the process it watches")
+
+
 def cmd_demo(a, parent_argv) -> int:
     from gputop.demo.workload import SCENARIOS
 
+    _no_pid(a, "demo")
     if a.list:
         for name, sc in SCENARIOS.items():
             need = " (needs a GPU)" if sc.needs_gpu else ""
@@ -432,6 +437,7 @@ def _nvidia_gpu_count() -> int:
 
 
 def cmd_run(a, parent_argv) -> int:
+    _no_pid(a, "run")
     cmd = list(a.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -457,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "run":
             return cmd_run(a, argv)
         if a.pid is None:
-            parser.print_usage(sys.stderr)
-            raise UsageError("nothing to watch: give --pid PID, or a command (demo, run, replay, report)")
+            raise UsageError("nothing to watch: give --pid PID, or a command (demo, run, replay, report); "
+                             "see gputop --help")
         _check_attach_args(a)
         return attach(a.pid, a, argv)
     except UsageError as e:

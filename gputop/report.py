@@ -1,8 +1,9 @@
 """``gputop report FILE [--json]``: what a recorded session looked like, in numbers.
 
-The report is built in one pass over the recording's chunks, aggregating the columnar data
-directly (no Sample objects for the high-rate kinds), so a one-hour recording is summarised in
-well under a second. Later layers add *sections* (Python stacks, probe timings, verdicts): each
+The statistics are built in one pass over the recording's chunks, aggregating the columnar
+data directly (no Sample objects for the high-rate kinds); the verdicts are recomputed by
+replaying the raw samples through the session's processors (docs/benchmarks.md has the cost:
+seconds for an hour of data). Later layers add *sections* (Python stacks, probe timings, verdicts): each
 declares the sample kinds it needs and gets just those samples. docs/report.md documents the
 JSON shape; fields are only ever added, and ``report_version`` bumps if one changes meaning.
 """

@@ -135,3 +135,14 @@ def test_run_a_file_that_cannot_be_executed(tmp_path):
     script.write_text("echo hi\n")
     script.chmod(0o755)
     assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1", "--", str(script)), 1, "cannot start")
+
+
+@pytest.mark.parametrize("args", [["--interval", "abc"], ["--bogus"], ["report"], ["replay", "a", "b"]])
+def test_argparse_errors_are_one_line_too(args):
+    r = gputop_cmd(*args)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gputop") and "error:" in r.stderr, r.stderr
+
+
+def test_pid_does_not_go_with_run():
+    assert_one_line_error(gputop_cmd("--pid", "1", "run", "--headless", "--duration", "1", "--", "true"), 2, "--pid")

@@ -87,7 +87,7 @@ def test_truncated_file_keeps_complete_frames(tmp_path):
     (b"", "empty"),
     (b"hello, I am a text file\n" * 10, "not a gputop recording"),
     (MAGIC + struct.pack("<HHI", FORMAT_MAJOR + 1, 0, 0), "newer than this gputop"),
-    (MAGIC + struct.pack("<HHI", FORMAT_MAJOR, 0, 0) + b"XX" + b"\0" * 40, "corrupted"),
+    (MAGIC + struct.pack("<HHI", FORMAT_MAJOR, 0, 0) + b"XX" + b"\0" * 40, "no readable metadata"),
     (MAGIC + struct.pack("<HHI", FORMAT_MAJOR, 0, 0), "no metadata"),
 ])
 def test_bad_files_get_one_clear_error(tmp_path, content, message):
@@ -107,6 +107,7 @@ def test_flipped_byte_in_chunk_is_caught_by_checksum(tmp_path):
     path = str(tmp_path / "r.gtrec")
     w = RecordingWriter(path, {"a": 1})
     w.write_samples(_samples(50))
+    w.write_samples(_samples(50, t0=6.0))  # the damaged chunk is not the last one
     w.close()
     data = bytearray(open(path, "rb").read())
     with RecordingReader(path) as r:
@@ -211,3 +212,46 @@ def _read_or_refuse(path: str) -> None:
     except RecordingError as e:
         assert str(e) and "\n" not in str(e)
     assert time.monotonic() - t < 2.0
+
+
+def test_garbage_after_the_last_frame_is_a_truncation_not_a_corruption(tmp_path):
+    """A power loss can leave zeros after the last complete frame: keep what came before."""
+    path = tmp_path / "r.gtrec"
+    w = RecordingWriter(str(path), {"a": 1})
+    w.write_samples(_samples(20))
+    w.write_samples(_samples(20, t0=2.0))
+    w._f.flush()
+    with open(path, "ab") as f:
+        f.write(b"\0" * 4096)
+    with RecordingReader(str(path)) as r:
+        assert r.index.truncated and len(r.index.chunks) == 2
+        assert len(r.all_samples()) == 2 * 24
+
+
+def test_a_damaged_last_chunk_is_dropped_and_the_rest_kept(tmp_path):
+    path = tmp_path / "r.gtrec"
+    w = RecordingWriter(str(path), {"a": 1})
+    w.write_samples(_samples(20))
+    w.write_samples(_samples(20, t0=2.0))
+    w._f.close()
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # inside the last chunk's payload
+    path.write_bytes(bytes(data))
+    with RecordingReader(str(path)) as r:
+        assert r.index.truncated and len(r.index.chunks) == 1
+        assert len(r.all_samples()) == 24
+
+
+def test_damage_with_good_frames_after_it_is_corruption(tmp_path):
+    path = tmp_path / "r.gtrec"
+    w = RecordingWriter(str(path), {"a": 1})
+    w.write_samples(_samples(20))
+    w.write_samples(_samples(20, t0=2.0))
+    w.close()
+    data = bytearray(path.read_bytes())
+    with RecordingReader(str(path)) as r:
+        first = r.index.chunks[0]
+    data[first.offset] = ord("X")  # the first chunk's marker
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordingError, match="corrupted"):
+        RecordingReader(str(path))

@@ -164,3 +164,18 @@ def test_follows_a_file_still_being_written(tmp_path):
     clock.t += 1
     s.tick()
     assert not s.growing
+
+
+def test_a_failing_processor_becomes_a_health_sample_not_a_crash(tmp_path):
+    _write(tmp_path / "r.gtrec", seconds=5)
+
+    class Broken(CountingProcessor):
+        name = "broken"
+
+        def process(self, store, now):
+            raise ZeroDivisionError("a bug in a rule")
+
+    s = ReplaySession(str(tmp_path / "r.gtrec"), processors=[Broken()], start_playing=False)
+    s.seek(3.0)
+    h = s.store.latest("health", "broken")
+    assert h.data["state"] == "failed" and "ZeroDivisionError: a bug in a rule" in h.data["message"]

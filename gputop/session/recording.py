@@ -97,7 +97,7 @@ def _finite(v):
     """Replace NaN/inf (which JSON cannot hold) by None, recursively."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [_finite(x) for x in v]
     if isinstance(v, dict):
         return {str(k): _finite(x) for k, x in v.items()}
@@ -224,6 +224,8 @@ class Recorder:
                     self.writer.write_meta(meta)
                 except OSError as e:
                     self.error = f"recording stopped: {e.strerror}"
+                except Exception as e:
+                    self.error = f"recording stopped: {type(e).__name__}: {e}"
 
     def _flush_locked(self) -> None:
         batch, self._pending = self._pending, []
@@ -234,6 +236,8 @@ class Recorder:
             self.samples_written += len(batch)
         except OSError as e:  # disk full: say so, keep monitoring
             self.error = f"recording stopped: {e.strerror}"
+        except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
+            self.error = f"recording stopped: {type(e).__name__}: {e}"
 
     def flush(self) -> None:
         with self._lock:
@@ -344,9 +348,6 @@ def samples_of(series: list[Series]) -> list[Sample]:
     return out
 
 
-def decode_chunk(obj, where: str = "chunk") -> list[Sample]:
-    """Validate a decoded chunk and turn it back into samples, sorted by time."""
-    return samples_of(validate_chunk(obj, where))
 
 
 class RecordingReader:
@@ -367,6 +368,7 @@ class RecordingReader:
             raise RecordingError(f"{path}: cannot open ({e.strerror})") from None
         self.index = RecordingIndex()
         self._t0s: list[float] = []
+        self._last_checked = -1
         head = self._f.read(_FILE_HEADER.size)
         if len(head) < _FILE_HEADER.size or head[:8] != MAGIC:
             self._f.close()
@@ -389,7 +391,8 @@ class RecordingReader:
         if not self.index.has_meta:
             self._f.close()
             if self.index.truncated:
-                raise RecordingError(f"{path} is cut off before its metadata: nothing to read")
+                raise RecordingError(f"{path} has no readable metadata (cut off or damaged after its header): "
+                                     "nothing to read")
             raise RecordingError(f"{path} has no metadata frame: not a complete gputop recording")
 
     def close(self) -> None:
@@ -406,7 +409,11 @@ class RecordingReader:
         return self.index.meta
 
     def refresh(self) -> bool:
-        """Index frames appended since the last scan (a file still being written). True if new."""
+        """Index frames appended since the last scan (a file still being written). True if new.
+
+        Damage at the end of the file — a frame cut short, or garbage after the last good frame
+        (a power loss can leave zeros there) — counts as truncation: everything before it is
+        kept. Damage with good frames after it is corruption and raises RecordingError."""
         idx = self.index
         f = self._f
         pos = idx.scanned_to
@@ -421,36 +428,77 @@ class RecordingReader:
             hdr = f.read(_FRAME_HEADER.size)
             mark, ftype, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
             where = f"{self.path}: frame at byte {pos}"
-            if mark != FRAME_MARK:
-                raise RecordingError(f"{where} has no frame marker; the file is corrupted")
-            if length > MAX_FRAME_BYTES:
-                raise RecordingError(f"{where} claims {length} bytes; the file is corrupted")
-            if pos + _FRAME_HEADER.size + length > size:
-                idx.truncated = True  # killed mid-write, or still being written
-                break
-            if ftype == FRAME_CHUNK:
-                if not (math.isfinite(t0) and math.isfinite(t1) and t0 <= t1):
-                    raise RecordingError(f"{where} has impossible times; the file is corrupted")
-                idx.chunks.append(ChunkRef(pos, length, t0, t1))
-            elif ftype in (FRAME_META, FRAME_END):
-                payload = f.read(length)
-                self._check_crc(payload, crc, t0, t1, where)
-                obj = _decode_payload(codec, payload, where)
-                if not isinstance(obj, dict) or not _check_value(obj):
-                    raise RecordingError(f"{where}: metadata is not an object; the file is corrupted")
-                if ftype == FRAME_META:
-                    idx.meta.update(obj)
-                    idx.has_meta = True
-                else:
-                    idx.end = obj
-            else:
+            try:
+                if mark != FRAME_MARK:
+                    raise RecordingError(f"{where} has no frame marker; the file is corrupted")
+                if length > MAX_FRAME_BYTES:
+                    raise RecordingError(f"{where} claims {length} bytes; the file is corrupted")
+                if pos + _FRAME_HEADER.size + length > size:
+                    idx.truncated = True  # killed mid-write, or still being written
+                    break
+                if ftype == FRAME_CHUNK:
+                    if not (math.isfinite(t0) and math.isfinite(t1) and t0 <= t1):
+                        raise RecordingError(f"{where} has impossible times; the file is corrupted")
+                    idx.chunks.append(ChunkRef(pos, length, t0, t1))
+                elif ftype in (FRAME_META, FRAME_END):
+                    payload = f.read(length)
+                    self._check_crc(payload, crc, t0, t1, where)
+                    obj = _decode_payload(codec, payload, where)
+                    if not isinstance(obj, dict) or not _check_value(obj):
+                        raise RecordingError(f"{where}: metadata is not an object; the file is corrupted")
+                    if ftype == FRAME_META:
+                        idx.meta.update(obj)
+                        idx.has_meta = True
+                    else:
+                        idx.end = obj
                 # Frame types unknown to this minor version are skipped: newer minor versions may
                 # add frames that old readers can ignore.
-                pass
+            except RecordingError:
+                if self._good_frame_after(pos + 1, size):
+                    raise
+                idx.truncated = True  # damage at the end only: keep everything before it
+                break
             pos += _FRAME_HEADER.size + length
             idx.scanned_to = pos
             found = True
+        self._check_last_chunk()
         return found
+
+    def _check_last_chunk(self) -> None:
+        """The last chunk is the one a crash may have damaged: check it now (the others are
+        checked when read) and drop it, as truncation, if its checksum fails."""
+        chunks = self.index.chunks
+        if not chunks or chunks[-1].offset == self._last_checked:
+            return
+        ref = chunks[-1]
+        self._f.seek(ref.offset)
+        _, _, _, length, crc, t0, t1 = _FRAME_HEADER.unpack(self._f.read(_FRAME_HEADER.size))
+        payload = self._f.read(length)
+        if len(payload) != length or zlib.crc32(struct.pack("<dd", t0, t1) + payload) != crc:
+            chunks.pop()
+            self.index.truncated = True
+        else:
+            self._last_checked = ref.offset
+
+    def _good_frame_after(self, start: int, size: int) -> bool:
+        """Is there an intact frame (marker, known type and codec, length inside the file,
+        matching checksum) anywhere after ``start``? Looks at most 64 MiB further."""
+        f = self._f
+        f.seek(start)
+        data = f.read(min(size - start, MAX_FRAME_BYTES))
+        i = data.find(FRAME_MARK)
+        while i >= 0:
+            hdr = data[i:i + _FRAME_HEADER.size]
+            if len(hdr) == _FRAME_HEADER.size:
+                _, ftype, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
+                end = i + _FRAME_HEADER.size + length
+                if ftype in (FRAME_META, FRAME_CHUNK, FRAME_END) and codec in (CODEC_JSON, CODEC_ZLIB) \
+                        and end <= len(data):
+                    payload = data[i + _FRAME_HEADER.size:end]
+                    if zlib.crc32(struct.pack("<dd", t0, t1) + payload) == crc:
+                        return True
+            i = data.find(FRAME_MARK, i + 1)
+        return False
 
     @staticmethod
     def _check_crc(payload: bytes, crc: int, t0: float, t1: float, where: str) -> None:
@@ -492,9 +540,9 @@ class RecordingReader:
             got = [s for s in self.read_chunk(ref) if t_from <= s.t <= t_to]
             pending.extend(got)
             pending.sort(key=lambda s: s.t)
-            cut = ref.t0  # nothing later in the file starts before this chunk's t0 (minus skew)
+            cut = ref.t0  # nothing later in the file is older than this chunk's t0 minus the slack
             i = 0
-            while i < len(pending) and pending[i].t < cut - 2.0:
+            while i < len(pending) and pending[i].t < cut - CHUNK_SLACK_S:
                 i += 1
             yield from pending[:i]
             pending = pending[i:]
@@ -502,7 +550,3 @@ class RecordingReader:
 
     def all_samples(self) -> list[Sample]:
         return list(self.samples())
-
-
-def open_recording(path: str) -> RecordingReader:
-    return RecordingReader(path)

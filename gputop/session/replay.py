@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 from gputop.model import Sample
 from gputop.session.recording import ChunkRef, RecordingReader
-from gputop.session.session import Processor
+from gputop.session.session import Processor, run_processor
 from gputop.session.store import Bus, SampleStore
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -171,4 +171,4 @@ class ReplaySession:
             if not force and now < self._due.get(p.name, float("-inf")):
                 continue
             self._due[p.name] = now + p.interval_s
-            self.bus.publish_many(p.process(self.store, now))
+            self.bus.publish_many(run_processor(p, self.store, now))

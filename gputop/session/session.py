@@ -52,6 +52,15 @@ class Playback(Protocol):
     def set_speed(self, speed: float) -> None: ...
 
 
+def run_processor(p: Processor, store: SampleStore, now: float) -> list[Sample]:
+    """One processor run; a bug in a derivation becomes a failed health sample, never a crash of
+    the session (live, replay or report)."""
+    try:
+        return p.process(store, now)
+    except Exception as e:
+        return [Sample(now, KIND_HEALTH, p.name, health_data("failed", f"{type(e).__name__}: {e}"))]
+
+
 class SessionClock:
     """Session time: seconds on the monotonic clock since the session started."""
 
@@ -151,11 +160,7 @@ class LiveSession:
                 if now < due[p.name]:
                     continue
                 due[p.name] = now + p.interval_s
-                try:
-                    out = p.process(self.store, now)
-                except Exception as e:
-                    out = [Sample(now, KIND_HEALTH, p.name, health_data("failed", f"{type(e).__name__}: {e}"))]
-                self.bus.publish_many(out)
+                self.bus.publish_many(run_processor(p, self.store, now))
 
     def stop(self, end: dict | None = None) -> None:
         self._stop.set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Protocol
 
 from gputop.model import Sample
 
@@ -192,7 +192,3 @@ class CallbackSubscriber:
     def on_reset(self) -> None:
         if self._reset:
             self._reset()
-
-
-def merge_sorted(samples: Iterable[Sample]) -> list[Sample]:
-    return sorted(samples, key=lambda s: s.t)

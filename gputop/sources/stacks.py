@@ -38,6 +38,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ import time
 from collections import Counter, OrderedDict
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
+from gputop.sources.target import dies_with_parent
 
 SOURCE_NAME = "stacks"
 KIND_STACKS = "stacks"                # one py-spy window, one process: key = PID
@@ -183,12 +185,6 @@ class PythonInfo:
             if named:
                 self.python = True
                 self.version, self.free_threaded = named
-
-    def in_runtime(self, addr: int) -> bool:
-        for lo, hi in self.runtime_ranges:
-            if lo <= addr < hi:
-                return True
-        return False
 
 
 _RUN, _GIL, _LOCK, _SLEEP, _POLL, _IO, _OTHER = range(len(WAIT_CLASSES))
@@ -531,6 +527,16 @@ def fold_speedscope(doc: dict, pid: int, lines: SourceLines | None = None) -> di
     return procs
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def diagnose_pyspy_error(stderr: str, pid: int, info: PythonInfo | None, version: tuple | None) -> tuple[str, str]:
     """py-spy's complaint -> (health state, one line for the user)."""
     text = stderr.lower()
@@ -549,7 +555,8 @@ def diagnose_pyspy_error(stderr: str, pid: int, info: PythonInfo | None, version
                            f"no Python stacks")
         pv = f"Python {info.version}" if info is not None and info.version else "this Python"
         return ("failed", f"{ver} cannot read {pv} in process {pid}: upgrade py-spy (pip install -U py-spy)")
-    if "no such process" in text or "failed to get process executable name" in text or "no such file" in text:
+    if ("no such process" in text or "failed to get process executable name" in text or "no such file" in text) \
+            and not _pid_alive(pid):
         return ("off", f"process {pid} exited: no more stacks")
     last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip().lower().startswith("error")), "")
     if not last:
@@ -618,6 +625,7 @@ class StackSource:
         self.target = target
         self.rate_hz = int(rate_hz)
         self.window_s = int(window_s)
+        self._preexec = dies_with_parent(signal.SIGKILL)  # py-spy never outlives gputop
         self.kernel_rate_hz = float(kernel_rate_hz)
         # py-spy's --subprocesses costs ~3x a main-process-only window (it samples every child
         # at the full rate and scans /proc for new ones): children get every Nth window only.
@@ -826,7 +834,7 @@ class StackSource:
         err_file = open(err_path, "wb")
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file,
-                                    close_fds=True)
+                                    close_fds=True, preexec_fn=self._preexec)
         except OSError as e:
             err_file.close()
             self._window_failed(f"cannot run {self.pyspy_path}: {e}")

@@ -18,6 +18,8 @@ sub-reaper).
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -211,3 +213,24 @@ class Target:
     def describe(self) -> dict:
         return {"pid": self.pid, "name": self.name, "cmdline": self.cmdline, "user": self.username,
                 "create_time": self.create_time, "python": self.is_python()}
+
+
+def dies_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` that makes a child process get ``sig`` when the thread that started it
+    ends (Linux PR_SET_PDEATHSIG), so gputop's children (py-spy, a started command) do not
+    outlive it even after ``kill -9``. None where that is not available. libc's prctl is looked
+    up here, before the fork, so the child only makes one foreign call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sig)
+
+    return preexec

@@ -63,7 +63,9 @@ class VerdictEngine:
         names it, and ``straggler_rank`` compares the ranks with each other."""
         ranks = running_ranks(store, now)
         if len(ranks) < 2:
-            self.last_signals = build_signals(store, now, self.window_s)
+            # one rank under a launcher (torchrun --nproc-per-node 1) is judged as itself,
+            # not through the launcher's idle main thread
+            self.last_signals = build_signals(store, now, self.window_s, rank=ranks[0] if ranks else None)
             return self._apply(self.last_signals)
         per_rank = []
         for r in ranks:

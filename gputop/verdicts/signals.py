@@ -240,15 +240,14 @@ def running_ranks(store, now: float) -> list[dict]:
     return out
 
 
-def build_signals(store, now: float, window_s: float = WINDOW_S, target_pid: str | None = None,
-                  rank: dict | None = None) -> Signals:
+def build_signals(store, now: float, window_s: float = WINDOW_S, rank: dict | None = None) -> Signals:
     """Signals of the job as a whole, or of one ``rank`` (from ``running_ranks``): its GPU,
     its main thread's states, its probe."""
     since = now - window_s
     sig = Signals(now=now, window_s=window_s)
     pid = rank["pid"] if rank else None
     _gpu_signals(store, since, sig, [rank["gpu"]] if rank and rank.get("gpu") is not None else None)
-    _host_signals(store, since, sig, pid or target_pid)
+    _host_signals(store, since, sig, pid)
     _stack_signals(store, since, sig, pid)
     _probe_signals(store, since, sig, pid)
     _pending(store, sig)
