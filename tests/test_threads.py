@@ -265,3 +265,18 @@ def test_dataloader_wait_and_workers(tmp_path):
     assert len({w["pid"] for w in workers}) == 2, workers
     assert all(w["cpu_pct"] is not None and w["cpu_pct"] > 5 for w in workers if w["tid"] == w["pid"])
     assert kern
+
+
+def test_the_classify_cache_keeps_only_the_window(tmp_path):
+    """The processor's cache of classified stacks must not keep samples older than its window
+    alive (an hour-long session grew by ~15 MiB before this)."""
+    from gputop.derive.threads import ThreadStateProcessor
+    from gputop.session.replay import ReplaySession
+    import pathlib
+
+    rec = pathlib.Path(__file__).parent / "data" / "h200" / "input_bound.gtrec"
+    proc = ThreadStateProcessor()
+    s = ReplaySession(str(rec), processors=[proc], start_playing=False, seek_window_s=0.0)
+    s.play_to(s.t_end)
+    oldest = min(sample.t for sample, _ in proc._cache._d.values())
+    assert oldest >= s.position - proc.horizon_s - 0.001

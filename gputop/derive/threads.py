@@ -125,6 +125,12 @@ class _ClassifyCache:
     def clear(self) -> None:
         self._d.clear()
 
+    def forget_before(self, t: float) -> None:
+        """Drop entries of samples older than ``t``: each entry keeps its (large) stacks sample
+        alive, so without this the cache would hold hours of them (the memory soak found it)."""
+        for key in [k for k, (s, _) in self._d.items() if s.t < t]:
+            del self._d[key]
+
 
 def _classify_sample(s: Sample) -> dict:
     """{tid: (name, n, Counter categories, Counter leaf frames, worker?)} of one stacks sample.
@@ -433,6 +439,7 @@ class ThreadStateProcessor:
         if not stacks and not kernel:
             return []
         aggs = aggregate(stacks, kernel, self._cache)
+        self._cache.forget_before(since)
         return [Sample(now, KIND_THREAD_STATE, f"{d['pid']}:{d['tid']}", d)
                 for d in thread_states(aggs, self.native_min_cpu)]
 
