@@ -1,10 +1,16 @@
-"""The probe's core without torch, in this process: windows from marker steps over a real
-socket, the clock conversion, the bounded per-monitor queue, and a fork."""
+"""The probe's core, mostly without torch: windows from marker steps over a real socket, the
+clock conversion, the bounded per-monitor queue, a fork, a dormant probe waking without socket
+work on the training thread, and (with a stand-in for CUDA's per-thread device) which device the
+probe thread uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -120,18 +126,67 @@ def test_a_forked_child_goes_dormant_and_leaves_the_parents_socket(probe, monkey
     s.close()
 
 
-def test_a_dormant_probe_opens_its_socket_at_the_first_step(tmp_path, monkeypatch):
-    d = tmp_path / "sock"
-    monkeypatch.setenv(wire.ENV_DIR, str(d))
+WAKE_SCRIPT = textwrap.dedent('''
+    import json, os, socket, sys, threading, time
+    from gputop.probe import core, wire
+
+    d = sys.argv[1]
+    os.mkdir(d, 0o700)
+    # Left-overs the waking probe must deal with: a socket at its own path that refuses
+    # connections (a dead process with our PID) and one of a process that is gone.
+    dead = 4_000_000
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+    for pid in (os.getpid(), dead):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(wire.socket_path(d, pid))
+        s.close()
+
+    main = threading.get_ident()
+    seen = []
+    WATCH = ("socket.", "os.listdir", "os.scandir", "os.kill", "os.mkdir", "os.chmod", "os.remove")
+
+    def audit(event, args):
+        if event.startswith(WATCH):
+            seen.append([event, threading.get_ident() == main])
+
     p = core.Probe(dormant=True, origin="test")
-    try:
-        assert not d.exists()
-        p.on_marker_step()
-        assert p.listening and os.listdir(d) == [f"{os.getpid()}.sock"]
-        assert p.step_total == 1
-    finally:
-        p.stop_server()
-    assert os.listdir(d) == []
+    sys.addaudithook(audit)
+    p.on_marker_step()                   # the training thread's first step wakes the probe
+    on_training_thread = sorted({e for e, m in seen if m})
+    deadline = time.monotonic() + 10
+    while not p.listening and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = {"on_training_thread": on_training_thread, "on_probe_thread": sorted({e for e, m in seen if not m}),
+           "listening": p.listening, "files": sorted(os.listdir(d)), "steps": p.step_total, "pid": os.getpid()}
+    p.stop_server()
+    out["files_after_stop"] = os.listdir(d)
+    print(json.dumps(out))
+''')
+
+
+def test_a_dormant_probe_wakes_at_the_first_step_and_its_own_thread_opens_the_socket(tmp_path):
+    """The wake happens on the training thread: it may only start the probe thread. The
+    connect (with its timeout), the directory scan, kill(pid, 0) per stale socket and any
+    stderr line happen on that thread. Checked with an audit hook that notes each socket and
+    file-system call and the thread that made it."""
+    script = tmp_path / "wake.py"
+    script.write_text(WAKE_SCRIPT)
+    d = tmp_path / "sock"
+    out = subprocess.run([sys.executable, str(script), str(d)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, wire.ENV_DIR: str(d)})
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["on_training_thread"] == []
+    assert {"socket.connect", "socket.bind", "os.listdir", "os.kill"} <= set(res["on_probe_thread"])
+    assert res["listening"] and res["steps"] == 1
+    # The stale sockets are gone (ours replaced, the dead process's removed); stop removes ours.
+    assert res["files"] == [f"{res['pid']}.sock"]
+    assert res["files_after_stop"] == []
 
 
 def test_a_live_probe_socket_of_this_pid_is_not_stolen(probe):
@@ -222,3 +277,135 @@ def test_cuda_event_bookkeeping_pairs_and_reuses_events_safely():
         p._record_boundary_event(100 + i)
     # (the first of them from the last boundary of the loop above, at stream time 397)
     assert ws._read_gpu() == [603.0, 4.0, 4.0, 4.0, 4.0]
+
+
+class _PerThreadCuda:
+    """A stand-in for torch.cuda's device state (no GPU here), modelled on CUDA's rules: the
+    current device is per thread (0 on a new thread); set_device creates a context on a device
+    that has none; the probe may only tell with _cuda_hasPrimaryContext. It records which
+    thread asked what. This checks the probe's device bookkeeping only; on a GPU,
+    benchmarks/probe_device.py checks that a rank on cuda:1 gets no context on cuda:0."""
+
+    def __init__(self, contexts):
+        self.tls = threading.local()
+        self.contexts = set(contexts)
+        self.calls: list[tuple[str, int, object]] = []
+        gpu = self
+
+        class cuda:
+            @staticmethod
+            def is_initialized():
+                return True
+
+            @staticmethod
+            def current_device():
+                return getattr(gpu.tls, "device", 0)
+
+            @staticmethod
+            def set_device(d):
+                gpu.calls.append(("set_device", threading.get_ident(), d))
+                gpu.contexts.add(d)
+                gpu.tls.device = d
+
+            @staticmethod
+            def memory_stats(d=None):
+                d = cuda.current_device() if d is None else d
+                gpu.calls.append(("memory_stats", threading.get_ident(), d))
+                return {"allocated_bytes.all.current": 1000 + d}
+
+            @staticmethod
+            def get_device_name(d=None):
+                return f"GPU{cuda.current_device() if d is None else d}"
+
+            @staticmethod
+            def get_device_capability(d=None):
+                return (9, 0)
+
+            @staticmethod
+            def get_sync_debug_mode():
+                return 0
+
+        class C:
+            @staticmethod
+            def _cuda_hasPrimaryContext(d):
+                return d in gpu.contexts
+
+        self.cuda, self.C = cuda, C
+
+
+class _TorchWith:
+    """The real torch module, with cuda and _C replaced by the stand-in."""
+
+    def __init__(self, real, gpu):
+        self._real, self.cuda, self._C = real, gpu.cuda, gpu.C
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _hooks_on(gpu):
+    import torch
+
+    from gputop.probe.torch_hooks import TorchHooks
+    p = core.Probe(dormant=True, origin="test")
+    h = TorchHooks(p, torch)
+    h.cuda_available = True
+    p.torch = h.torch = _TorchWith(torch, gpu)
+    p.torch_hooks = h
+    p.set_hook("syncs", "unavailable", "not under test here")
+    p.monitoring = True
+    return p, h
+
+
+def test_the_probe_thread_uses_the_training_threads_cuda_device():
+    from concurrent.futures import ThreadPoolExecutor
+    gpu = _PerThreadCuda(contexts={3})
+    gpu.tls.device = 3                     # this (training) thread: a rank that set cuda:3
+    p, h = _hooks_on(gpu)
+    probe_thread = ThreadPoolExecutor(max_workers=1)   # one thread, like the probe's own
+    on_probe = lambda fn: probe_thread.submit(fn).result()   # noqa: E731
+    try:
+        # The job has initialised CUDA but not stepped since: the device is not known yet, so
+        # no memory, no device in the config, no events, and no CUDA call on the probe thread.
+        on_probe(lambda: h.manage(p))
+        assert on_probe(h.memory) is None
+        assert p.cuda_seen and p.cuda_device is None
+        cfg = on_probe(h.config)
+        assert cfg["device"] is None and cfg["device_name"] is None
+        assert not p.cuda_events_on and "learn its CUDA device" in p.hooks["cuda_events"][1]
+        assert gpu.calls == []
+        # The next step, on the training thread, reads the training thread's device.
+        p.on_marker_step()
+        assert p.cuda_device == 3
+        on_probe(lambda: h.manage(p))
+        mem = on_probe(h.memory)
+        cfg = on_probe(h.config)
+        probe_id = on_probe(threading.get_ident)
+        assert mem["device"] == 3 and mem["allocated"] == 1003
+        assert cfg["device"] == 3 and cfg["device_name"] == "GPU3"
+        assert ("set_device", probe_id, 3) in gpu.calls and ("memory_stats", probe_id, 3) in gpu.calls
+        assert p.cuda_events_on
+        assert gpu.contexts == {3}          # no context anywhere else
+    finally:
+        probe_thread.shutdown()
+
+
+def test_the_probe_creates_no_context_on_a_device_the_job_has_none_on():
+    """A job that puts its tensors on cuda:3 without set_device has current device 0 and no
+    context there: the probe thread must not make one (set_device would)."""
+    from concurrent.futures import ThreadPoolExecutor
+    gpu = _PerThreadCuda(contexts={3})
+    p, h = _hooks_on(gpu)
+    probe_thread = ThreadPoolExecutor(max_workers=1)
+    try:
+        probe_thread.submit(h.manage, p).result()
+        p.on_marker_step()
+        assert p.cuda_device == 0
+        probe_thread.submit(h.manage, p).result()
+        cfg = probe_thread.submit(h.config).result()
+        assert probe_thread.submit(h.memory).result() is None
+        assert cfg["device"] is None and cfg["device_name"] is None
+        assert not any(c[0] == "set_device" for c in gpu.calls) and gpu.contexts == {3}
+        assert not p.cuda_events_on and "has no CUDA context" in p.hooks["cuda_events"][1]
+    finally:
+        probe_thread.shutdown()

@@ -5,7 +5,8 @@ Two kinds of code live here and must not be confused:
 * **Hot path** (``boundary``, ``on_batch``, ``on_loader_iter``, ``count_sync``): runs on the
   training thread inside torch hooks. It only reads a clock, updates a few counters and appends
   a tuple to a bounded deque; with a monitor attached and CUDA in use it also records a CUDA
-  event on the current stream (never waits on it). Every caller wraps it so a failure switches
+  event on the current stream (never waits on it); once, it reads the thread's CUDA device; in a
+  dormant probe, the first step starts the probe thread (which then opens the socket). Every caller wraps it so a failure switches
   that hook off (``hook_failed``) instead of raising into the training loop.
 * **Probe thread** (``_serve``): a daemon thread that owns the socket, accepts monitors, and every
   ``WINDOW_S`` drains the step records into one window message, reads finished CUDA events with
@@ -146,6 +147,10 @@ class Probe:
         self.monitoring = False            # at least one monitor attached
         # CUDA events (recorded by the training thread only while monitoring and CUDA is in use)
         self.cuda_events_on = False
+        # The job's CUDA device, learned on the training thread (the current device is per
+        # thread: the probe thread's own would be device 0). cuda_seen: the probe thread saw the
+        # job initialise CUDA, so the next step boundary reads the training thread's device.
+        self.cuda_seen = False
         self.cuda_device: int | None = None
         self.ev_free: deque = deque()
         self.ev_pending: deque = deque()   # (step index, start event or None, end event)
@@ -154,6 +159,7 @@ class Probe:
         self.ev_skipped = 0
         # implicit syncs
         self.sync_capture = False
+        self.sync_capture_since: float | None = None   # when counting last turned on
         self.sync_lines: dict[str, int] = {}
         self._last_it_ref = None
         self._last_it_samples = None
@@ -221,6 +227,8 @@ class Probe:
         self.samples_in_step = 0
         if self.cuda_events_on:
             self._record_boundary_event(n)
+        elif self.cuda_device is None and self.cuda_seen:
+            self._learn_cuda_device()
         if self.dormant:
             self._wake()
 
@@ -256,6 +264,16 @@ class Probe:
             self._wake()
 
     # -- hot path: CUDA events ----------------------------------------------------------------
+    def _learn_cuda_device(self) -> None:
+        """Once, on the training thread, after the probe thread saw CUDA initialised: the device
+        this thread works on (current_device() is per thread; CUDA is already initialised, so
+        this creates nothing)."""
+        try:
+            self.cuda_device = int(self.torch.cuda.current_device())
+        except Exception as e:
+            self.cuda_seen = False   # do not retry every step
+            self._note(f"could not read the job's CUDA device: {type(e).__name__}: {e}")
+
     def _take_event(self):
         try:
             return self.ev_free.pop()
@@ -315,26 +333,48 @@ class Probe:
 
     # -- activation -------------------------------------------------------------------------
     def _wake(self) -> None:
-        """First training activity in a dormant process (a rank, not a DataLoader worker)."""
+        """First training activity in a dormant process (a rank, not a DataLoader worker). Runs
+        on the training thread, so it only starts the probe thread: that thread opens the socket
+        (a connect with a timeout, a directory scan, a line on stderr if refused)."""
         self.dormant = False
         try:
             if self.torch_hooks is not None and self.torch_hooks.in_dataloader_worker():
                 self.refused = "a DataLoader worker: no probe of its own"
                 return
-            self.start_server()
+            self._start_thread(open_socket=True)
         except Exception as e:
             self.refused = f"could not start: {type(e).__name__}: {e}"
 
     def start_server(self) -> bool:
-        """Open the socket and start the probe thread. False (with ``refused`` set) if not."""
+        """Open the socket on the calling thread, then start the probe thread; False (with
+        ``refused`` set) if the socket cannot be opened. For ``install()`` at start-up; a dormant
+        probe that wakes in the training loop uses ``_start_thread(open_socket=True)`` instead."""
         if self._thread is not None:
             return True
         if not self._open_socket():
             return False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._serve, name="gputop-probe", daemon=True)
-        self._thread.start()
+        self._start_thread(open_socket=False)
         return True
+
+    def _start_thread(self, *, open_socket: bool) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, args=(open_socket,), name="gputop-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self, open_socket: bool) -> None:
+        """The probe thread: open the socket if the caller did not, then serve until stopped."""
+        try:
+            if open_socket and not self._open_socket():
+                return   # refused says why (and one line went to stderr)
+            self._wake_r, self._wake_w = socket.socketpair()
+            if self._stop.is_set():
+                return
+        except Exception as e:
+            self.refused = f"could not start: {type(e).__name__}: {e}"
+            say(self.refused)
+            return
+        self._serve()
 
     def _open_socket(self) -> bool:
         directory = wire.probe_dir()
@@ -441,6 +481,8 @@ class Probe:
                 except OSError:
                     pass
         self._reset_process_state(dormant=True)
+        if self.torch_hooks is not None:
+            self.torch_hooks.after_fork_in_child()
 
     # -- probe thread ---------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -591,6 +633,9 @@ class Probe:
                 th.manage(self)   # CUDA events and sync capture on/off as CUDA comes into use
             except Exception as e:
                 self._note(f"probe could not update its hooks: {type(e).__name__}: {e}")
+            # The window ends after that, so that sync counting turned on just now covers all
+            # of the next window (a window counts syncs only if counting covered it from t0).
+            now = _mono()
         while self.notes:
             self._broadcast({"type": wire.MSG_NOTE, "text": self.notes.popleft()})
         self._broadcast(ws.window_msg(now))
@@ -657,6 +702,16 @@ class _WindowState:
             b = str(wire.hist_bucket(d))
             hist[b] = hist.get(b, 0) + 1
         gpu = self._read_gpu() if p.torch_hooks is not None else []
+        # Syncs count only for a window that sync counting covered from its start: a window in
+        # which counting began (or stopped and began again) would report too few, so it gets None.
+        since = p.sync_capture_since
+        syncs_counted = p.sync_capture and since is not None and since <= self.t0
+        if syncs_counted:
+            sync_off = None
+        elif p.sync_capture:
+            sync_off = "sync counting was off for part of this window"
+        else:
+            sync_off = _why_off(p, "syncs")
         batch_total, sample_total, wait_total, sync_total = p.batch_total, p.sample_total, p.wait_total, p.sync_total
         unsized_total = p.unsized_total
         msg = {
@@ -668,7 +723,9 @@ class _WindowState:
             "step_p50": durs[len(durs) // 2] if durs else None, "step_hist": hist,
             "step_wait": sum(r[3] for r in timed) if timed else None,
             "step_batches": sum(r[4] for r in recs), "step_samples": sum(r[5] for r in recs),
-            "step_syncs": sum(r[6] for r in timed) if (timed and p.sync_capture) else None,
+            # (and only if counting also covered the first step, which began before the window)
+            "step_syncs": sum(r[6] for r in timed) if (timed and syncs_counted and timed[0][1] - timed[0][2] >= since)
+            else None,
             "batches": batch_total - self.batch_total, "batch_total": batch_total,
             "samples": sample_total - self.sample_total, "sample_total": sample_total,
             "unsized": unsized_total - self.unsized_total,
@@ -676,8 +733,8 @@ class _WindowState:
             "gpu_n": len(gpu), "gpu_sum": sum(gpu) if gpu else None, "gpu_max": max(gpu) if gpu else None,
             "gpu_off": None if p.cuda_events_on else _why_off(p, "cuda_events"),
             "gpu_skipped": p.ev_skipped,
-            "syncs": (sync_total - self.sync_total) if p.sync_capture else None, "sync_total": sync_total,
-            "sync_off": None if p.sync_capture else _why_off(p, "syncs"),
+            "syncs": (sync_total - self.sync_total) if syncs_counted else None, "sync_total": sync_total,
+            "sync_off": sync_off,
             "sync_top": self._sync_top_delta(),
             "other_optimizer_steps": p.other_optimizer_steps,
             "monitors": len(p._monitors), "dropped_msgs": sum(m.dropped for m in p._monitors),

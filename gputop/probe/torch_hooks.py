@@ -15,21 +15,39 @@ Hooks:
 - ``cuda_events``: CUDA events at step boundaries (core.Probe), only with a monitor attached.
 - ``syncs``: ``torch.cuda.set_sync_debug_mode("warn")`` while a monitor is attached and CUDA is
   in use; each implicit sync then raises a UserWarning at the Python line that caused it, which
-  a ``warnings.showwarning`` wrapper counts (and hides) instead of printing.
+  a wrapper of ``warnings._showwarnmsg`` counts (and hides) instead of showing. A wrapper of
+  ``warnings._add_filter`` (behind ``simplefilter``, ``filterwarnings`` and
+  ``catch_warnings(action=...)``) turns counting off on the caller's thread *before* a filter
+  that would make the sync warning an error goes in, so a sync can never raise in the job.
+
+The probe thread makes CUDA calls (event queries, device properties) only after it has made
+the job's own device current on itself, and only if that device already has a context: the
+current device is per thread, and a CUDA call on a thread whose current device (0 by default)
+has no context would create one there, on a GPU the rank does not use.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
+import threading
 import warnings
 
 from gputop.probe import wire
-from gputop.probe.core import SYNC_MESSAGE, Probe, _mono
+from gputop.probe.core import SYNC_MESSAGE, Probe, _env_int, _mono
 
 MAX_LOADERS = 16
 MAX_COMPILE_CALLS = 16
+
+# torch warns once per process, from set_sync_debug_mode itself, that the mode is a prototype:
+# noise in the job's stderr when it is the probe that turned the mode on.
+SYNC_PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
+# Our "always" filter for the sync warning, as warnings.filterwarnings stores it (compared by value).
+SYNC_FILTER = ("always", re.compile(SYNC_MESSAGE, re.I), UserWarning, None, 0)
+ERROR_FILTER_WHY = ("the job turns warnings into errors (-W error or a filter): sync counting stays off so that "
+                    "a sync can never raise in the job")
 
 
 class TorchHooks:
@@ -43,9 +61,19 @@ class TorchHooks:
         self.autocast: set[str] = set()
         self.compile_calls: list[dict] = []
         self.compile_count = 0
-        self._sync_filter = None
-        self._prev_showwarning = None
+        self._sync_filter = None           # SYNC_FILTER while we keep it in warnings.filters
+        self._showwarnmsg = None           # our wrapper of warnings._showwarnmsg, once installed
+        self._add_filter = None            # our wrapper of warnings._add_filter, once installed
+        # Serialises "turn sync counting on" (probe thread) with "an error filter goes in" (any
+        # thread). Held only for flag flips and list operations, never while calling a warnings
+        # function or waiting for anything. Reentrant: the _add_filter wrapper turns counting off
+        # while holding it.
+        self._sync_lock = threading.RLock()
+        self._error_filters_pending = 0    # error filters being added right now
+        self._enabling_thread: int | None = None   # thread turning the sync mode on, while it does
         self._we_set_sync_mode = False
+        self._probe_thread = threading.local()     # .device: the device made current on that thread
+        self.device_why = "waiting for the job's next step to learn its CUDA device"
         self.cuda_available = False
         torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         probe_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -70,6 +98,9 @@ class TorchHooks:
             p.set_hook("cuda_events", "off", "waiting for a monitor and for the job to use CUDA")
             if not hasattr(torch.cuda, "set_sync_debug_mode"):
                 p.set_hook("syncs", "unavailable", f"torch {torch.__version__} has no torch.cuda.set_sync_debug_mode (needs >= 1.10)")
+            elif not (callable(getattr(warnings, "_showwarnmsg", None)) and callable(getattr(warnings, "_add_filter", None))):
+                p.set_hook("syncs", "unavailable", f"Python {sys.version.split()[0]}'s warnings module has no _showwarnmsg/"
+                                                   "_add_filter: the probe cannot count syncs without risking the job's warnings")
             else:
                 p.set_hook("syncs", "off", "waiting for a monitor and for the job to use CUDA")
 
@@ -85,6 +116,14 @@ class TorchHooks:
             except Exception:
                 pass
         self._undo = []
+
+    def after_fork_in_child(self) -> None:
+        """A forked child inherits _sync_lock in whatever state the probe thread left it (that
+        thread does not exist there): a fresh one, or an error filter added in the child could
+        wait forever."""
+        self._sync_lock = threading.RLock()
+        self._error_filters_pending = 0
+        self._enabling_thread = None
 
     def disable(self, name: str) -> None:
         if name == "optimizer_step":
@@ -285,9 +324,13 @@ class TorchHooks:
         if not self.cuda_available:
             return
         in_use = self.cuda_in_use()
+        if in_use:
+            p.cuda_seen = True   # the training thread reads its device at its next step
+        ready = in_use and self.bind_probe_thread()
         ev = p.hooks.get("cuda_events", ["off"])[0]
         if ev != "failed":
-            want = p.monitoring and in_use
+            # Events only once this thread can query them without creating a context.
+            want = p.monitoring and ready
             if want and not p.cuda_events_on:
                 p.cuda_events_on = True
                 p.set_hook("cuda_events", "on", "CUDA events at step boundaries, read with query()")
@@ -295,97 +338,229 @@ class TorchHooks:
                 p.cuda_events_on = False
             if not in_use:
                 p.set_hook("cuda_events", "off", "the job has not used CUDA yet")
+            elif not ready:
+                p.set_hook("cuda_events", "off", self.device_why)
         sy = p.hooks.get("syncs", ["off"])[0]
         if sy in ("failed", "unavailable"):
             return
         want = p.monitoring and in_use
-        if want != p.sync_capture:
-            self.set_sync_capture(want)
-        elif not in_use:
-            p.set_hook("syncs", "off", "the job has not used CUDA yet")
-        if p.sync_capture:
-            self._check_sync_plumbing()
+        try:
+            if want != p.sync_capture:
+                self.set_sync_capture(want)
+            elif not in_use:
+                p.set_hook("syncs", "off", "the job has not used CUDA yet")
+            if p.sync_capture:
+                self._check_sync_plumbing()
+        except Exception as e:
+            p.hook_failed("syncs", e)
 
+    def bind_probe_thread(self) -> bool:
+        """Make the job's device current on the calling (probe) thread, once per device. The
+        current device is per thread: without this the probe thread's CUDA calls go to device 0,
+        and a CUDA call on a device without a context creates one there (hundreds of MiB on a
+        GPU the rank does not use). So: only the device the training thread reported, and only
+        if it already has a context (then set_device creates nothing). False, with
+        ``device_why``, when not (yet) possible."""
+        dev = self.probe.cuda_device
+        if dev is None:
+            self.device_why = "waiting for the job's next step to learn its CUDA device"
+            return False
+        if getattr(self._probe_thread, "device", None) == dev:
+            return True
+        torch = self.torch
+        try:
+            has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+            if has_context is None:
+                self.device_why = (f"torch {torch.__version__} cannot tell whether cuda:{dev} has a context: "
+                                   "the probe makes no CUDA calls of its own")
+                return False
+            if not has_context(dev):
+                self.device_why = (f"the job's current device cuda:{dev} has no CUDA context: the probe "
+                                   "will not create one (call torch.cuda.set_device in the job)")
+                return False
+            torch.cuda.set_device(dev)
+        except Exception as e:
+            self.device_why = f"could not use cuda:{dev} on the probe thread: {type(e).__name__}: {e}"
+            return False
+        self._probe_thread.device = dev
+        return True
+
+    # -- implicit syncs -------------------------------------------------------------------------
     def set_sync_capture(self, on: bool) -> None:
-        p, torch = self.probe, self.torch
+        """Turn counting of implicit syncs on or off (torch's sync debug mode 'warn', hidden).
+        Any thread may call it; see _wrap_warnings for why the lock."""
         if on:
-            if self._error_filter_present():
-                p.set_hook("syncs", "off", "the job turns warnings into errors (-W error or a filter): sync counting "
-                                           "stays off so that a sync can never raise in the job")
+            self._capture_on()
+        else:
+            self._capture_off()
+
+    def _capture_on(self) -> None:
+        p = self.probe
+        # Wrap first: from here on, an error filter added by any thread stops counting before
+        # it goes in; the lock makes "check the filters, then turn on" one step against that.
+        self._wrap_warnings()
+        with self._sync_lock:
+            if p.sync_capture:
                 return
-            mode = torch.cuda.get_sync_debug_mode()
+            if self._error_filters_pending or self._error_filter_present():
+                p.set_hook("syncs", "off", ERROR_FILTER_WHY)
+                return
+            mode = self._torch_sync_mode()
+            if mode is None:
+                p.set_hook("syncs", "off", "the job has not used CUDA yet")
+                return
             if mode != 0:
                 p.set_hook("syncs", "off", f"the job set torch.cuda.set_sync_debug_mode({mode}) itself: left alone, not counted")
                 return
-            self._ensure_showwarning()
-            if self._sync_filter is None:
-                warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
-                self._sync_filter = warnings.filters[0]
-            p.sync_capture = True
+            self._put_sync_filter_first()
             self._we_set_sync_mode = True
-            with warnings.catch_warnings():
-                # torch warns that the sync debug mode is a prototype: noise in the job's stderr
-                warnings.simplefilter("ignore", UserWarning)
-                torch.cuda.set_sync_debug_mode(1)
-            p.set_hook("syncs", "on", "counts implicit device syncs per step (sync debug mode 'warn', hidden)")
-        else:
-            if self._we_set_sync_mode:
-                if self.cuda_in_use() and torch.cuda.get_sync_debug_mode() == 1:
-                    torch.cuda.set_sync_debug_mode(0)
-            p.sync_capture = False
-            if self._sync_filter is not None:
-                try:
-                    warnings.filters.remove(self._sync_filter)
-                    warnings._filters_mutated()
-                except (ValueError, AttributeError):
-                    pass
-                self._sync_filter = None
-            if p.hooks.get("syncs", [""])[0] == "on":
-                p.set_hook("syncs", "off", "no monitor attached")
-
-    def _ensure_showwarning(self) -> None:
-        if warnings.showwarning is getattr(self, "_showwarning", None):
-            return
-        prev = warnings.showwarning
-        p, hooks = self.probe, self
-
-        def _showwarning(message, category, filename, lineno, file=None, line=None):
+            p.sync_capture = True
+            p.sync_capture_since = _mono()
+            # torch's one-time "prototype feature" warning, raised by this call on this thread,
+            # is dropped by our _showwarnmsg wrapper (never catch_warnings() here: it would swap
+            # the job's filter list and silence every warning of every thread while open).
+            self._enabling_thread = threading.get_ident()
             try:
-                if str(message).startswith(SYNC_MESSAGE):
-                    if p.sync_capture:
-                        p.count_sync(filename, lineno, sys._getframe(1))
+                self._set_torch_sync_mode(1)
+            finally:
+                self._enabling_thread = None
+            p.set_hook("syncs", "on", "counts implicit device syncs per step (sync debug mode 'warn', hidden)")
+
+    def _capture_off(self, why: str = "no monitor attached") -> None:
+        p = self.probe
+        with self._sync_lock:
+            was_on = p.sync_capture
+            try:
+                # The mode goes back first: a sync after this no longer warns at all.
+                if was_on and self._torch_sync_mode() == 1:
+                    self._set_torch_sync_mode(0)
+            finally:
+                p.sync_capture = False
+                p.sync_capture_since = None
+                self._drop_sync_filter()
+        if p.hooks.get("syncs", [""])[0] == "on":
+            p.set_hook("syncs", "off", why)
+
+    def _torch_sync_mode(self) -> int | None:
+        """torch's (process-wide) sync debug mode; None while CUDA is not initialised, because
+        reading it would initialise CUDA."""
+        if not self.cuda_in_use():
+            return None
+        return int(self.torch.cuda.get_sync_debug_mode())
+
+    def _set_torch_sync_mode(self, mode: int) -> None:
+        self.torch.cuda.set_sync_debug_mode(mode)
+
+    def _put_sync_filter_first(self) -> None:
+        """Our "always" filter for the sync warning, first in the list (so Python does not show
+        only the first per line, and no 'ignore' filter hides syncs from the count). Plain list
+        operations, as _add_filter does them, so that it is safe under _sync_lock."""
+        filters = warnings.filters
+        try:
+            filters.remove(SYNC_FILTER)
+        except ValueError:
+            pass
+        filters.insert(0, SYNC_FILTER)
+        warnings._filters_mutated()
+        self._sync_filter = SYNC_FILTER
+
+    def _drop_sync_filter(self) -> None:
+        if self._sync_filter is None:
+            return
+        self._sync_filter = None
+        try:
+            warnings.filters.remove(SYNC_FILTER)
+            warnings._filters_mutated()
+        except (ValueError, AttributeError):
+            pass
+
+    def _wrap_warnings(self) -> None:
+        """Two wrappers in the warnings module, installed once (on the first capture) and kept
+        until uninstall(); with counting off they only pass through.
+
+        ``warnings._showwarnmsg``: every warning that passes the filters reaches it (the C
+        ``warn`` looks it up on the module each time). Sync warnings are counted and hidden;
+        torch's "prototype feature" notice raised while this probe turns the mode on is dropped;
+        everything else goes on unchanged. Unlike ``showwarning``, neither
+        ``catch_warnings(record=True)`` nor ``logging.captureWarnings`` replaces it, so syncs
+        in such blocks are still counted and never land in the job's recorded list.
+
+        ``warnings._add_filter``: ``simplefilter``, ``filterwarnings`` and
+        ``catch_warnings(action=...)`` all go through it. Before a filter that would turn the
+        sync warning into an error goes in, counting is switched off on the caller's own thread,
+        so the job's next sync cannot raise, and its warnings behave as without the probe."""
+        p, hooks = self.probe, self
+        if self._showwarnmsg is None:
+            prev_show = warnings._showwarnmsg
+
+            def _showwarnmsg(msg):
+                try:
+                    text = str(msg.message)
+                    if text.startswith(SYNC_MESSAGE):
+                        if p.sync_capture:
+                            p.count_sync(msg.filename, msg.lineno, sys._getframe(1))
+                            return None
+                        if hooks._we_set_sync_mode and hooks._torch_sync_mode() == 0:
+                            return None  # a straggler from our own capture, emitted just after it ended
+                    elif hooks._enabling_thread == threading.get_ident() and text.startswith(SYNC_PROTOTYPE_MESSAGE):
                         return None
-                    if hooks._we_set_sync_mode and hooks.torch.cuda.get_sync_debug_mode() == 0:
-                        return None  # a straggler from our own capture, emitted just after it ended
-            except Exception as e:
-                p.hook_failed("syncs", e)
-            return prev(message, category, filename, lineno, file, line)
+                except Exception as e:
+                    p.hook_failed("syncs", e)
+                return prev_show(msg)
 
-        self._showwarning = _showwarning
-        warnings.showwarning = _showwarning
+            self._showwarnmsg = _showwarnmsg
+            warnings._showwarnmsg = _showwarnmsg
 
-        def undo():
-            if warnings.showwarning is _showwarning:
-                warnings.showwarning = prev
-        self._undo.append(undo)
+            def undo_show():
+                if warnings._showwarnmsg is _showwarnmsg:
+                    warnings._showwarnmsg = prev_show
+            self._undo.append(undo_show)
+        if self._add_filter is None:
+            prev_add = warnings._add_filter
+
+            def _add_filter(*item, append):
+                if not _errors_on_sync(item):
+                    return prev_add(*item, append=append)
+                with hooks._sync_lock:
+                    hooks._error_filters_pending += 1   # counting cannot turn on until it is in
+                    if p.sync_capture:
+                        try:
+                            hooks._capture_off("the job added a warnings filter that turns warnings into errors: "
+                                               "sync counting stopped before it took effect (it resumes once the "
+                                               "filter is gone)")
+                        except Exception as e:
+                            p.hook_failed("syncs", e)
+                try:
+                    return prev_add(*item, append=append)
+                finally:
+                    with hooks._sync_lock:
+                        hooks._error_filters_pending -= 1
+
+            self._add_filter = _add_filter
+            warnings._add_filter = _add_filter
+
+            def undo_add():
+                if warnings._add_filter is _add_filter:
+                    warnings._add_filter = prev_add
+            self._undo.append(undo_add)
 
     def _check_sync_plumbing(self) -> None:
-        """The job (or a library) may change warnings after we started: logging.captureWarnings
-        replaces showwarning (wrap it again); a catch_warnings() block that ends drops a filter
-        inserted while it ran (insert ours again); a filter that turns warnings into errors
-        would make every sync raise in the job: stop capturing at once."""
+        """Each window while counting. The wrappers catch filters added through the warnings
+        API at once; this catches the rest a second later: a filter put straight into
+        ``warnings.filters`` that makes warnings errors (stop counting), a ``catch_warnings()``
+        block that ended and took our filter with it (put it back in front), a
+        ``warnings._showwarnmsg`` replaced by someone else (wrap it again)."""
         p = self.probe
         if self._error_filter_present():
-            self.set_sync_capture(False)
-            p.set_hook("syncs", "off", "the job turns warnings into errors (-W error or a filter): sync counting "
-                                       "stays off so that a sync can never raise in the job")
+            self._capture_off(ERROR_FILTER_WHY)
             return
-        if warnings.showwarning is not getattr(self, "_showwarning", None):
-            self._ensure_showwarning()
-        first = self._first_matching_filter()
-        if first is not self._sync_filter:
-            warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
-            self._sync_filter = warnings.filters[0]
+        if warnings._showwarnmsg is not self._showwarnmsg:
+            self._showwarnmsg = None
+            self._wrap_warnings()
+        if self._first_matching_filter() != SYNC_FILTER:
+            with self._sync_lock:
+                if p.sync_capture:
+                    self._put_sync_filter_first()
 
     def _first_matching_filter(self):
         for f in warnings.filters:
@@ -395,21 +570,16 @@ class TorchHooks:
         return None
 
     def _error_filter_present(self) -> bool:
-        for f in warnings.filters:
-            action, msg_re, cat, _mod, _line = f
-            if action == "error" and (msg_re is None or msg_re.match(SYNC_MESSAGE)) \
-                    and isinstance(cat, type) and issubclass(UserWarning, cat):
-                return True
-        return False
+        return any(_errors_on_sync(f) for f in list(warnings.filters))
 
+    # -- memory and settings (probe thread) -------------------------------------------------------
     def memory(self) -> dict | None:
         if not self.cuda_in_use():
             return None
-        cuda = self.torch.cuda
         dev = self.probe.cuda_device
-        if dev is None:
-            dev = cuda.current_device()
-        s = cuda.memory_stats(dev)
+        if dev is None or not self.bind_probe_thread():
+            return None  # not known (yet), or no context there: never another GPU's numbers
+        s = self.torch.cuda.memory_stats(dev)   # the allocator's own counters: no CUDA call
         return {"type": wire.MSG_MEMORY, "mono": _mono(), "device": dev,
                 "allocated": s.get("allocated_bytes.all.current"), "reserved": s.get("reserved_bytes.all.current"),
                 "peak_allocated": s.get("allocated_bytes.all.peak"), "peak_reserved": s.get("reserved_bytes.all.peak"),
@@ -421,14 +591,13 @@ class TorchHooks:
                      "cuda_build": self.cuda_available}
         cfg["cuda_initialized"] = self.cuda_in_use()
         cfg["cudnn"] = _safe(lambda: torch.backends.cudnn.version()) if cfg["cuda_initialized"] else None
-        if cfg["cuda_initialized"]:
-            dev = self.probe.cuda_device if self.probe.cuda_device is not None else torch.cuda.current_device()
+        dev = self.probe.cuda_device if cfg["cuda_initialized"] else None
+        cfg["device"] = cfg["device_name"] = cfg["capability"] = None
+        if dev is not None and self.bind_probe_thread():   # else the cuda_events hook says why
             cfg["device"] = dev
             cfg["device_name"] = _safe(lambda: torch.cuda.get_device_name(dev))
             cap = _safe(lambda: torch.cuda.get_device_capability(dev))
             cfg["capability"] = f"{cap[0]}.{cap[1]}" if cap else None
-        else:
-            cfg["device"] = cfg["device_name"] = cfg["capability"] = None
         cfg["amp_autocast"] = sorted(list(self.autocast))
         cfg["tf32_matmul"] = _safe(lambda: bool(torch.backends.cuda.matmul.allow_tf32))
         cfg["tf32_cudnn"] = _safe(lambda: bool(torch.backends.cudnn.allow_tf32))
@@ -447,7 +616,7 @@ class TorchHooks:
         cfg["cuda_launch_blocking"] = env.get("CUDA_LAUNCH_BLOCKING")
         cfg["sync_debug_mode_job"] = None
         if self.cuda_in_use() and not self.probe.sync_capture:
-            cfg["sync_debug_mode_job"] = _safe(torch.cuda.get_sync_debug_mode)
+            cfg["sync_debug_mode_job"] = _safe(lambda: torch.cuda.get_sync_debug_mode())
         cfg["rank"] = _env_int(env, "RANK")
         cfg["local_rank"] = _env_int(env, "LOCAL_RANK")
         cfg["world_size"] = _env_int(env, "WORLD_SIZE")
@@ -470,9 +639,13 @@ def _safe(fn):
         return None
 
 
-def _env_int(env, name):
-    v = env.get(name)
+def _errors_on_sync(f) -> bool:
+    """Would this warnings filter turn torch's sync warning into an exception? (Its module and
+    line are not checked: a sync can happen anywhere.) Never raises: a filter of a shape we do
+    not know counts as one that would."""
     try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+        action, msg_re, cat, _mod, _line = f
+        return (action == "error" and (msg_re is None or msg_re.match(SYNC_MESSAGE) is not None)
+                and isinstance(cat, type) and issubclass(UserWarning, cat))
+    except Exception:
+        return True
