@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import struct
 import subprocess
 import sys
@@ -99,24 +100,38 @@ def test_run_a_program_that_does_not_exist():
     assert_one_line_error(gputop_cmd("run", "--headless", "--duration", "1", "--", "/no/such/program"), 1, "no such program")
 
 
-def test_headless_demo_end_to_end_names_the_bottleneck(tmp_path):
-    """The whole chain on a real job: the bundled input-bound workload (CPU torch) started with
-    the probe, every source attached, recorded, then the report with its verdict."""
+def test_headless_run_end_to_end_names_the_bottleneck(tmp_path):
+    """The whole chain on a real job: a training script started by `gputop run` (probe loaded),
+    one DataLoader worker spending 20 ms of CPU per sample, so the loop waits for data whatever
+    the machine's load (one busy worker leaves the second core to gputop); every source
+    attached, recorded, then the report with its verdict."""
     pytest.importorskip("torch")
-    rec = tmp_path / "demo.gtrec"
-    r = gputop_cmd("demo", "--scenario", "input_bound", "--headless", "--duration", "20", "--record", str(rec),
-                   "--json", timeout=180, cwd=tmp_path)
+    rec = tmp_path / "run.gtrec"
+    job = [sys.executable, str(pathlib.Path(__file__).parent / "workloads" / "probe_train.py"), "--steps", "100000",
+           "--workers", "1", "--sample-ms", "20", "--batch-size", "4", "--persistent", "--out", str(tmp_path / "own.json")]
+    r = gputop_cmd("run", "--headless", "--duration", "20", "--record", str(rec), "--json", "--", *job,
+                   timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
     assert rep["session"]["clean_end"] and rep["session"]["duration_s"] >= 15
-    assert rep["host"]["processes"] and any(p["role"] == "dataloader_worker" for p in rep["host"]["processes"])
+    assert any(p["role"] == "dataloader_worker" for p in rep["host"]["processes"])
     # (shares cover the whole session, start-up included, so only their presence is checked here)
     assert rep["stacks"]["available"] and rep["stacks"]["data_wait_pct"] > 0
-    assert rep["probe"]["found"]
-    assert rep["primary_verdict"]["id"] == "input_bound", rep.get("verdicts")
+    assert rep["probe"]["found"] and rep["probe"]["ranks"][0]["data_wait_share"] > 0.5
+    assert rep["primary_verdict"]["id"] == "input_bound", (rep.get("verdicts"), rep.get("no_verdict_why"))
     # the same file replays into the same report
     again = json.loads(gputop_cmd("report", str(rec), "--json").stdout)
     assert again["primary_verdict"]["id"] == "input_bound"
+
+
+def test_headless_demo_starts_the_bundled_workload_and_reports(tmp_path):
+    """`gputop demo` (the newcomer's first command, headless here): a real run, a clean report."""
+    r = gputop_cmd("demo", "--scenario", "python", "--headless", "--duration", "6", "--record",
+                   str(tmp_path / "demo.gtrec"), "--json", timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert rep["session"]["target"]["cmdline"][-2:] == ["--scenario", "python"]
+    assert rep["host"]["processes"][0]["cpu_pct_mean"] > 20
 
 
 def test_run_stops_the_whole_command_it_started(tmp_path):

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+from gputop.session.replay import ReplaySession
+from gputop.session.store import CallbackSubscriber
+from gputop.verdicts import default_processors
 from gputop.verdicts.engine import ENTER_S, LEAVE_S, VerdictEngine
 from gputop.verdicts.finding import SEVERITY_WARNING, Finding
 from gputop.session.store import SampleStore
@@ -113,3 +116,19 @@ def test_a_job_without_gpu_or_steps_gets_a_reason_not_an_endless_collecting(tmp_
     rep = json.loads(out.stdout)
     assert rep["primary_verdict"] is None
     assert rep["no_verdict_why"].startswith("no GPU counters and no training steps")
+
+
+def test_a_cpu_starved_job_is_called_oversubscribed():
+    """tests/data/cpu_oversubscribed.gtrec: a real local session of the input-bound demo on a
+    2-core machine busy with other work: the training thread waited for a core ~60% of the time
+    and for data only ~5%, so the honest verdict is oversubscription, not input-bound."""
+    session = ReplaySession(str(ROOT / "tests" / "data" / "cpu_oversubscribed.gtrec"),
+                            processors=default_processors(), start_playing=False, seek_window_s=0.0)
+    got: list = []
+    session.bus.subscribe(CallbackSubscriber(got.extend))
+    session.play_to(session.t_end)
+    session.stop()
+    primaries = [s.get("id") for s in got if s.kind == "verdict_primary" and s.get("id")]
+    assert primaries and set(primaries) == {"cpu_oversubscribed"}
+    v = [s for s in got if s.kind == "verdict" and s.key == "cpu_oversubscribed"][-1]
+    assert v.get("evidence")["main_cpu_wait_pct"] > 40 and "num_threads" in v.get("advice")

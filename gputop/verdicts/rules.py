@@ -45,6 +45,7 @@ CGROUP_MEM_FULL_FRAC = 0.90       # the job's cgroup is at 90% of its memory lim
 MAJFLT_PS = 50.0                  # ... and the main process faults pages in from disk this often
 PSI_MEM_WITH_FAULTS_PCT = 3.0     # memory stalls that, with those faults, mean thrashing
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
+CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable but has no core
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least this share ...
 STRAGGLER_GAP = 0.15              # ... and at least this much more than the rank they wait for
@@ -363,6 +364,22 @@ def cpu_throttled(sig: Signals) -> Finding | None:
                    f"throttled in {thr:.0f}% of CPU periods" + (f" (limit {limit:g} cores)" if limit else ""))
 
 
+def cpu_oversubscribed(sig: Signals) -> Finding | None:
+    wait = sig.get("py.main.cpu_wait")
+    if wait is None:
+        return None
+    workers, cores = sig.get("proc.workers.count"), sig.get("host.cpu_count")
+    return Finding("cpu_oversubscribed", "CPU oversubscribed: the training thread waits for a core",
+                   SEVERITY_WARNING, wait / CPU_WAIT_SHARE, wait, 0.8,
+                   {"main_cpu_wait_pct": _pct(wait), "host_cpu_pct": _r(sig.get("host.cpu_pct")),
+                    "cores": cores, "dataloader_workers": workers},
+                   "More threads want to run than there are cores: use fewer DataLoader workers"
+                   + (f" (now {int(workers)} on {int(cores)} cores)" if workers and cores else "")
+                   + ", limit torch's CPU threads (torch.set_num_threads, OMP_NUM_THREADS), or move other "
+                     "work off this machine.",
+                   f"the main thread is ready to run but waits for a CPU {wait * 100:.0f}% of the time")
+
+
 def gpu_memory_pressure(sig: Signals) -> Finding | None:
     used = sig.get("gpu.mem_used_frac")
     if used is None:
@@ -449,8 +466,10 @@ def straggler_rank(ranks: list, findings: dict) -> Finding | None:
 # busy GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
 RULES: list[Callable[[Signals], Finding | None]] = [
     input_bound, h2d_copy_bound, sync_stall, gil_contention, communication_bound, launch_bound,
-    host_memory_pressure, cpu_throttled, gpu_idle, memory_bound, gpu_bound, clock_throttled, gpu_memory_pressure,
+    host_memory_pressure, cpu_throttled, cpu_oversubscribed, gpu_idle, memory_bound, gpu_bound, clock_throttled,
+    gpu_memory_pressure,
 ]
 VERDICT_IDS = ("straggler_rank", "gpu_bound", "input_bound", "h2d_copy_bound", "launch_bound", "gil_contention", "sync_stall",
-               "memory_bound", "clock_throttled", "host_memory_pressure", "cpu_throttled", "gpu_memory_pressure",
+               "memory_bound", "clock_throttled", "host_memory_pressure", "cpu_throttled", "cpu_oversubscribed",
+               "gpu_memory_pressure",
                "communication_bound", "gpu_idle")

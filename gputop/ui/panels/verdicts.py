@@ -63,6 +63,7 @@ VERDICT_MEANINGS = {
     "launch_bound": "kernels run but are too small to fill the GPU; the CPU launching them is saturated",
     "host_memory_pressure": "the host swaps or stalls on memory reclaim (PSI), or is nearly out of memory",
     "cpu_throttled": "the container's CPU quota throttles the job (>= 10% of CFS periods)",
+    "cpu_oversubscribed": "the main thread is ready to run but waits for a free core >= 25% of the time",
     "gpu_idle": "the GPU has nothing to do and no wait (data, sync, GIL) explains why",
     "memory_bound": "a busy GPU limited by DRAM bandwidth (>= 60%), not arithmetic (informational)",
     "gpu_bound": "the GPU is the bottleneck (SM active >= 80%): the healthy case",
