@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import os
 import pathlib
 import sys

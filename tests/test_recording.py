@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gputop.model import Sample
 from gputop.session.recording import (
-    FORMAT_MAJOR, MAGIC, Recorder, RecordingError, RecordingReader, RecordingWriter,
+    FORMAT_MAJOR, MAGIC, RecordingError, RecordingReader, RecordingWriter,
 )
 
 

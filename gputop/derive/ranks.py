@@ -25,9 +25,9 @@ process 3 s, measured back from ``now``); an exited rank's are its last ones bef
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROC, Sample
+from gputop.session.store import SampleStore
 from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
 KIND_THREAD_STATE = "thread_state"    # gputop/derive/threads.py (not imported: keep this light)
@@ -53,48 +53,14 @@ def _int(x) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
-class SampleList:
-    """A list of samples read like a SampleStore (the few calls rank_table makes), as of ``now``."""
-
-    def __init__(self, samples: Iterable[Sample], now: float | None = None) -> None:
-        self._series: dict[str, dict[str, list[Sample]]] = {}
-        for s in samples:
-            if now is not None and s.t > now:
-                continue
-            self._series.setdefault(s.kind, {}).setdefault(s.key, []).append(s)
-        for by_key in self._series.values():
-            for lst in by_key.values():
-                lst.sort(key=lambda s: s.t)
-
-    def latest_of_kind(self, kind: str) -> dict[str, Sample]:
-        return {k: v[-1] for k, v in self._series.get(kind, {}).items() if v}
-
-    def latest(self, kind: str, key: str) -> Sample | None:
-        v = self._series.get(kind, {}).get(key)
-        return v[-1] if v else None
-
-    def series(self, kind: str, key: str, since: float | None = None) -> list[Sample]:
-        v = self._series.get(kind, {}).get(key) or []
-        return list(v) if since is None else [s for s in v if s.t >= since]
-
-    def latest_value(self, kind: str, key: str, name: str, max_age_s: float = 1.0):
-        v = self._series.get(kind, {}).get(key)
-        if not v:
-            return None
-        newest = v[-1].t
-        for s in reversed(v):
-            if newest - s.t > max_age_s:
-                return None
-            x = s.data.get(name)
-            if x is not None:
-                return x
-        return None
-
-
 def _reader(source, now: float):
+    """A SampleStore to read: the given one, or one filled from a list of samples up to ``now``
+    (a whole recording, for the report)."""
     if isinstance(source, (list, tuple)):
-        return SampleList(source, now)
-    return source  # a SampleStore (or anything with its reading methods)
+        store = SampleStore(horizon_s=math.inf, max_keys_per_kind=1 << 20)
+        store.on_samples(sorted((x for x in source if now is None or x.t <= now), key=lambda x: x.t))
+        return store
+    return source
 
 
 def _fresh(s: Sample | None, kind: str, ref_t: float) -> Sample | None:
