@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost fixtures scenarios stacks probe ranks
+# Phases: env nvml host cost fixtures scenarios captures stacks launchcost probe ranks export
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -131,6 +131,25 @@ phase_stacks() {
   [ "${STACKS_COST:-1}" = 1 ] && timeout 150 $PY benchmarks/stacks_overhead.py "$d/cost" --modes "" --cost-matrix \
       --recording 20 > "$d/cost.txt" 2>&1
   tail -20 "$d/overhead.txt" "$d/cost.txt" 2>/dev/null | tee -a "$SUMMARY"
+}
+
+phase_launchcost() {
+  # the <= 3% goal on launch-heavy loops (issue 3), with designs that cancel the machine's drift:
+  # twin targets pinned to CPUs 2 and 3, watched in turn; then more, shorter alternations on one
+  local d=$RES/launchcost; mkdir -p "$d"
+  grep -E '^cpu ' /proc/stat > "$d/stat-before.txt"  # steal time: how noisy the machine's CPUs are
+  timeout 300 $PY benchmarks/stacks_overhead.py "$d/twin-launch" --modes launch --twin --pin 2,3 \
+      --pairs "${TWIN_PAIRS:-12}" --phase "${TWIN_PHASE:-5}" > "$d/twin-launch.txt" 2>&1
+  tail -4 "$d/twin-launch.txt" | tee -a "$SUMMARY"
+  timeout 300 $PY benchmarks/stacks_overhead.py "$d/twin-cuda" --modes cuda-launch --twin --pin 2,3 \
+      --pairs "${TWIN_PAIRS:-12}" --phase "${TWIN_PHASE:-5}" > "$d/twin-cuda.txt" 2>&1
+  tail -4 "$d/twin-cuda.txt" | tee -a "$SUMMARY"
+  if [ "${ALT_PAIRS:-10}" -gt 0 ]; then
+    timeout 150 $PY benchmarks/stacks_overhead.py "$d/alt-cuda" --modes cuda-launch --pairs "${ALT_PAIRS:-10}" \
+        --phase 4 > "$d/alt-cuda.txt" 2>&1
+    tail -4 "$d/alt-cuda.txt" | tee -a "$SUMMARY"
+  fi
+  grep -E '^cpu ' /proc/stat > "$d/stat-after.txt"
 }
 
 phase_probe() {

@@ -1,7 +1,7 @@
 """What the stack source costs: the target's slowdown, side by side in one run, and the CPU of
 gputop's stack sampling plus its py-spy children.
 
-    python benchmarks/stacks_overhead.py OUT_DIR [--modes launch,gpu] [--pairs 6] [--phase 6]
+    python benchmarks/stacks_overhead.py OUT_DIR [--modes launch,gpu] [--pairs 6] [--phase 6] [--twin --pin 2,3]
                                          [--rate 20] [--window 2] [--subprocess-every 5] [--cost-matrix]
                                          [--recording S]
 
@@ -16,6 +16,14 @@ kernels, needs CUDA). Modes that need CUDA are skipped without it.
 
 CPU: during attached phases, the py-spy children (their rusage, from wait4), the sampler thread
 (thread_time) and the processor (thread_time), as % of one core.
+
+``--twin`` (a second, drift-free design): two identical targets run side by side, each pinned
+to its own CPU (``--pin A,B``; the monitor is not pinned, so its threads and py-spy may land on a
+target's CPU, as they could in real use), and the stack source is attached to one, then the
+other, ``--pairs`` times. Whatever the machine does (clock changes, neighbours, the GPU shared by
+both) hits both targets at once, so it cancels in the ratio of their rates: with r1 = A/B while A is
+watched and r2 = A/B while B is watched, the slowdown s satisfies r1/r2 = (1-s)^2. Each
+consecutive (r1, r2) pair gives one estimate; the table shows their mean, sd and a 95% interval.
 
 ``--recording S`` records S seconds of a real session (stack source + thread-state processor,
 nothing else) of a DataLoader target and of a 3-spinner target and reports the file's bytes per
@@ -61,9 +69,10 @@ class Clock:
 
 
 class Workload:
-    def __init__(self, script: str, args: list[str]):
+    def __init__(self, script: str, args: list[str], cpu: int | None = None):
+        pre = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
         self.proc = subprocess.Popen([sys.executable, str(WORKLOADS / script), *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pre)
         self.lines: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -166,6 +175,53 @@ def slowdown(mode: str, pairs: int, phase: float, rate: int, window: int, subpro
             "raw_json_bytes_per_min": [c["raw_json_bytes_per_min"] for c in costs]}
 
 
+def twin_slowdown(mode: str, pairs: int, phase: float, rate: int, window: int, subprocess_every: int,
+                  cpus: tuple[int, int]) -> dict:
+    a_wl = Workload("stacks_rate.py", ["--mode", mode], cpu=cpus[0])
+    b_wl = Workload("stacks_rate.py", ["--mode", mode], cpu=cpus[1])
+    phases = []
+    try:
+        a_wl.wait_first()
+        b_wl.wait_first()
+        time.sleep(2.0)  # warm-up
+        for i in range(2 * pairs):
+            watched = a_wl if i % 2 == 0 else b_wl
+            t0 = time.monotonic()
+            info = Attached(watched.proc.pid, rate, window, subprocess_every).run_for(phase)
+            t1 = time.monotonic()
+            time.sleep(0.6)  # the lines that close this phase
+            ra, rb = a_wl.rate(t0 + 1.0, t1), b_wl.rate(t0 + 1.0, t1)
+            phases.append({"watched": "A" if i % 2 == 0 else "B", "rate_a": ra, "rate_b": rb, "cost": info})
+    finally:
+        a_wl.stop()
+        b_wl.stop()
+    est = []
+    for i in range(0, len(phases) - 1, 2):
+        pa, pb = phases[i], phases[i + 1]
+        if pa["rate_a"] and pa["rate_b"] and pb["rate_a"] and pb["rate_b"]:
+            r1, r2 = pa["rate_a"] / pa["rate_b"], pb["rate_a"] / pb["rate_b"]
+            est.append(100.0 * (1.0 - (r1 / r2) ** 0.5))
+    watched_rates = [p["rate_a"] if p["watched"] == "A" else p["rate_b"] for p in phases]
+    other_rates = [p["rate_b"] if p["watched"] == "A" else p["rate_a"] for p in phases]
+    costs = [p["cost"] for p in phases]
+    return {"mode": mode, "design": "twin", "cpus": list(cpus), "phases": phases, "slowdown_pct": est,
+            "lines_a": a_wl.lines, "lines_b": b_wl.lines,
+            "ci95_pct": ci95(est), "watched_rate": [r for r in watched_rates if r],
+            "unwatched_rate": [r for r in other_rates if r],
+            "pyspy_pct": [c["pyspy_pct"] for c in costs], "sampler_pct": [c["sampler_pct"] for c in costs],
+            "processor_pct": [c["processor_pct"] for c in costs]}
+
+
+def ci95(xs: list[float]) -> list[float] | None:
+    """The 95% interval of the mean (Student's t), or None for fewer than 2 values."""
+    if len(xs) < 2:
+        return None
+    t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
+         12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09}.get(len(xs) - 1, 2.05)
+    m, half = statistics.fmean(xs), t * statistics.stdev(xs) / len(xs) ** 0.5
+    return [round(m - half, 3), round(m + half, 3)]
+
+
 def cost_matrix(settings: list[tuple[int, int, int]], seconds: float) -> list[dict]:
     wl = Workload("stacks_dataloader.py", ["--workers", "2", "--batch", "8", "--sample-ms", "2", "--step-ms", "8"])
     out = []
@@ -230,6 +286,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=2)
     ap.add_argument("--subprocess-every", type=int, default=5)
     ap.add_argument("--cost-matrix", action="store_true")
+    ap.add_argument("--twin", action="store_true", help="two targets side by side, watched in turn")
+    ap.add_argument("--pin", default="2,3", help="the CPUs of the two twin targets")
     ap.add_argument("--recording", type=float, default=0.0, metavar="S")
     a = ap.parse_args()
     out = pathlib.Path(a.out_dir)
@@ -241,18 +299,29 @@ def main() -> int:
         cuda = False
     results = {"args": vars(a), "cpus": os.cpu_count(), "python": sys.version.split()[0], "slowdown": [], "matrix": []}
     lines = [f"Stack source at rate {a.rate} Hz, {a.window} s windows, children every {a.subprocess_every}th window; "
-             f"{a.pairs} attached phases of {a.phase:.0f} s between detached ones; {os.cpu_count()} CPUs.", "",
-             "| target loop | detached steps/s | attached steps/s | slowdown % per pair: mean ± sd (range) | "
+             + (f"twin targets on CPUs {a.pin}, each watched {a.pairs} times for {a.phase:.0f} s in turn"
+              if a.twin else f"{a.pairs} attached phases of {a.phase:.0f} s between detached ones")
+             + f"; {os.cpu_count()} CPUs.", "",
+             "| target loop | detached steps/s (twin: the unwatched one) | attached steps/s | "
+             "slowdown % per pair: mean ± sd (range) | "
              "py-spy CPU % | sampler CPU % | processor CPU % |", "|---|---|---|---|---|---|---|"]
     for mode in [m for m in a.modes.split(",") if m]:
         if mode in ("gpu", "cuda-launch") and not cuda:
             print(f"mode {mode} skipped: no CUDA here")
             continue
-        print(f"mode {mode}: {a.pairs} pairs of {a.phase} s", flush=True)
-        r = slowdown(mode, a.pairs, a.phase, a.rate, a.window, a.subprocess_every)
+        print(f"mode {mode}: {a.pairs} pairs of {a.phase} s{' (twin)' if a.twin else ''}", flush=True)
+        if a.twin:
+            cpus = tuple(int(c) for c in a.pin.split(","))
+            r = twin_slowdown(mode, a.pairs, a.phase, a.rate, a.window, a.subprocess_every, cpus)
+            lines.append(f"| {mode} (twin, CPUs {a.pin}) | {mr(r['unwatched_rate'])} | {mr(r['watched_rate'])} | "
+                         f"{mr(r['slowdown_pct'])}; 95% CI {r['ci95_pct']} | "
+                         f"{mr(r['pyspy_pct'])} | {mr(r['sampler_pct'])} | {mr(r['processor_pct'])} |")
+        else:
+            r = slowdown(mode, a.pairs, a.phase, a.rate, a.window, a.subprocess_every)
+            r["ci95_pct"] = ci95(r["slowdown_pct"])
+            lines.append(f"| {mode} | {mr(r['detached_rate'])} | {mr(r['attached_rate'])} | {mr(r['slowdown_pct'])}; "
+                         f"95% CI {r['ci95_pct']} | {mr(r['pyspy_pct'])} | {mr(r['sampler_pct'])} | {mr(r['processor_pct'])} |")
         results["slowdown"].append(r)
-        lines.append(f"| {mode} | {mr(r['detached_rate'])} | {mr(r['attached_rate'])} | {mr(r['slowdown_pct'])} | "
-                     f"{mr(r['pyspy_pct'])} | {mr(r['sampler_pct'])} | {mr(r['processor_pct'])} |")
         print(lines[-1], flush=True)
     if a.cost_matrix:
         settings = [(10, 2, 5), (20, 2, 5), (20, 2, 0), (20, 2, 1), (20, 5, 5), (50, 2, 5)]
