@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib.util
 import json
 import os
 import signal
@@ -403,8 +404,16 @@ def _no_pid(a, command: str) -> None:
         raise UsageError(f"--pid does not go with `gputop {command}`: it starts the process it watches")
 
 
+def _torch_installed() -> bool:
+    """Whether the demo's workload (same interpreter) can import torch; found, not imported."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["torch"] = None blocks the import
+        return False
+
+
 def cmd_demo(a, parent_argv) -> int:
-    from gputop.demo.workload import SCENARIOS
+    from gputop.demo.workload import NO_TORCH, SCENARIOS
 
     _no_pid(a, "demo")
     if a.list:
@@ -415,6 +424,15 @@ def cmd_demo(a, parent_argv) -> int:
         return 0
     if a.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
+    if a.scenario not in NO_TORCH and not _torch_installed():
+        if a.scenario != "default":
+            raise CliError(f"scenario {a.scenario} needs torch, which is not installed here: "
+                           f"pip install torch, or try one of {', '.join(NO_TORCH)}")
+        # The newcomer's first command must show gputop working on any machine: without torch,
+        # the default becomes a pure-Python job whose main thread waits for the GIL.
+        print("gputop demo: torch is not installed, so the demo runs a pure-Python job with a GIL-hogging "
+              "thread (scenario python_gil); pip install torch for the DataLoader demo", file=sys.stderr)
+        a.scenario = "python_gil"
     if SCENARIOS[a.scenario].needs_gpu and _nvidia_gpu_count() == 0:
         cpu_ok = ", ".join(n for n, s in SCENARIOS.items() if not s.needs_gpu)
         raise CliError(f"scenario {a.scenario} needs an NVIDIA GPU and this machine has none: "

@@ -134,6 +134,34 @@ def test_headless_demo_starts_the_bundled_workload_and_reports(tmp_path):
     assert rep["host"]["processes"][0]["cpu_pct_mean"] > 20
 
 
+def gputop_without_torch(*args, timeout=60, **kw):
+    """gputop in an interpreter where ``import torch`` fails (the standard way to block an
+    import: sys.modules["torch"] = None), as on a machine where torch is not installed."""
+    code = "import sys; sys.modules['torch'] = None; from gputop.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+
+def test_demo_without_torch_still_names_a_verdict(tmp_path):
+    """The newcomer's `gputop demo` where torch is not installed: it says so in one line, runs
+    the pure-Python job with a GIL-hogging thread, and gputop names that (real py-spy, real
+    kernel wait states) — not an endless "collecting evidence"."""
+    r = gputop_without_torch("demo", "--headless", "--duration", "10", "--record", str(tmp_path / "d.gtrec"),
+                             "--json", timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch is not installed" in r.stderr and "python_gil" in r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["session"]["target"]["cmdline"][-2:] == ["--scenario", "python_gil"]
+    assert rep["stacks"]["gil_wait_pct"] > 20, rep["stacks"]
+    assert "gil_contention" in rep["verdicts"], (rep.get("verdicts"), rep.get("no_verdict_why"))
+    assert rep["probe"]["ranks"][0]["steps"] > 0  # gputop.probe.step() markers count without torch
+
+
+def test_demo_scenario_that_needs_torch_without_it():
+    assert_one_line_error(gputop_without_torch("demo", "--scenario", "input_bound", "--headless", "--duration", "1"),
+                          1, "needs torch", "python_gil")
+
+
 def test_run_stops_the_whole_command_it_started(tmp_path):
     """A shell script's children (or torchrun's workers) are stopped with it, not left behind."""
     marker = f"sleep {4000 + os.getpid() % 1000}"

@@ -88,6 +88,31 @@ def pure_python(m: Meter) -> None:
             return
 
 
+def python_gil(m: Meter) -> None:
+    """No torch needed: a pure-Python "training step" beside a pure-Python metrics thread that
+    spins: the main thread waits for the GIL about half the time. What the plain ``gputop demo``
+    runs where torch is not installed, so a newcomer still sees a verdict with its evidence."""
+
+    def busy():
+        x = 0
+        while True:
+            for i in range(1000):
+                x = (x + i * i) % 1000003
+
+    threading.Thread(target=busy, name="metrics-0", daemon=True).start()
+    # The probe, when gputop started this process with it, counts these steps; it is not
+    # imported here (a process started without gputop has none, and steps are simply not marked).
+    probe = sys.modules.get("gputop.probe")
+    while True:
+        acc = 0
+        for i in range(20000):
+            acc += i * i % 7
+        if probe is not None:
+            probe.step()
+        if not m.step():
+            return
+
+
 def input_bound(m: Meter, sample_ms: float = 4.0, workers: int = 2, batch: int = 32) -> None:
     """The model is small; each sample costs ``sample_ms`` of CPU in a DataLoader worker, so the
     training loop waits for data (the classic too-few-workers / heavy-augmentation job)."""
@@ -380,7 +405,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("host_memory_pressure", "host_memory_pressure", False, "reads a 1 GiB data file while confined to 256 MiB more memory than it holds", host_memory_pressure),
     Scenario("gpu_idle", "gpu_idle", True, "holds a GPU but computes on the CPU", gpu_idle),
     Scenario("python", "", False, "a pure-Python CPU loop (no torch needed)", pure_python),
+    Scenario("python_gil", "gil_contention", False, "a pure-Python loop beside a spinning metrics thread "
+             "(no torch needed; the plain `gputop demo` without torch)", python_gil),
 ]}
+
+NO_TORCH = ("python", "python_gil")  # the scenarios that run without torch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,13 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     scenario = SCENARIOS[a.scenario]
     m = Meter(a.report_every, a.duration)
     try:
-        if scenario.name != "python":
+        if scenario.name not in NO_TORCH:
             try:
                 import torch
-            except ImportError:
-                print("torch is not installed: running the pure-Python loop instead", file=sys.stderr, flush=True)
-                pure_python(m)
-                return 0
+            except ImportError:  # `gputop demo` checks first; this is for direct runs
+                print(f"scenario {scenario.name} needs torch, which is not installed", file=sys.stderr, flush=True)
+                return 3
             if scenario.needs_gpu and not torch.cuda.is_available():
                 print(f"scenario {scenario.name} needs a CUDA GPU", file=sys.stderr, flush=True)
                 return 3

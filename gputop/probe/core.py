@@ -800,7 +800,7 @@ class _WindowState:
         self.config_at = _mono()
         self.hooks_version = p._hooks_version
         cfg = p.torch_hooks.config() if p.torch_hooks is not None else {
-            "torch": None, "torch_info": "torch is not imported in this process (yet): no steps, data or GPU to measure"}
+            "torch": None, "torch_info": "torch is not imported in this process (yet): steps only from gputop.probe.step() markers; no data, sync or GPU timing"}
         # dict(...) copies in one C call: the training thread may add an entry meanwhile.
         cfg["hooks"] = {k: list(v) for k, v in dict(p.hooks).items()}
         cfg["step_source"] = p.step_source

@@ -520,8 +520,8 @@ class ProbeClientSource:
             no_torch = [c.pid for c in conns if not c.torch]
             problems = [f"PID {pid}: {p}" for pid, p in self._hook_problems.items() if pid in {c.pid for c in conns}]
             if no_torch and len(no_torch) == len(conns):
-                return "degraded", (f"probe attached ({who}) but torch is not imported there: no steps, data "
-                                    "or GPU to measure"), extra
+                return "degraded", (f"probe attached ({who}) but torch is not imported there: steps only from "
+                                    "gputop.probe.step() markers; no data, sync or GPU timing"), extra
             if problems:
                 return "degraded", f"probe attached ({who}); " + "; ".join(problems), extra
             return "ok", f"probe attached: {who}", extra
