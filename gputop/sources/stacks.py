@@ -468,13 +468,30 @@ def _is_pseudo(frame: dict) -> bool:
     return not frame.get("file") and (name.startswith("process ") or name.startswith("thread ("))
 
 
+def run_lengths(order: list[tuple], index: dict[tuple, int]) -> list[int]:
+    """The samples' stacks in time order as run lengths: [stack index, count, stack index,
+    count, ...], the index into the thread's ``stacks`` (-1 for a stack that was dropped).
+    py-spy samples every thread at each tick, so sample i of a window of n samples fell at
+    about t0 + (i + 0.5) * dur_s / n: this is what lets the time budget join a thread's state
+    with the GPU's at the moment it was in it."""
+    out: list[int] = []
+    for key in order:
+        i = index.get(key, -1)
+        if out and out[-2] == i:
+            out[-1] += 1
+        else:
+            out += [i, 1]
+    return out
+
+
 def fold_speedscope(doc: dict, pid: int, lines: SourceLines | None = None) -> dict[int, dict]:
     """A py-spy speedscope document -> {pid: stacks-sample data (without t0/dur_s)}.
     ``pid``: the process py-spy was pointed at (profiles without a process are its own).
 
     Per process: a frame table ``frames`` ([name, file, line]), ``code`` (frame index -> the
     text of that line, for frames that are the innermost of some stack), and ``threads``:
-    [{"tid", "name", "n", "stacks": [[count, [frame index, root first...]], ...], "dropped"}].
+    [{"tid", "name", "n", "stacks": [[count, [frame index, root first...]], ...], "seq", "dropped"}],
+    ``seq`` being the samples' order (``run_lengths``).
     """
     shared = doc.get("shared") or {}
     sframes = shared.get("frames") or []
@@ -492,6 +509,7 @@ def fold_speedscope(doc: dict, pid: int, lines: SourceLines | None = None) -> di
         p = procs.setdefault(pid, {"_index": {}, "frames": [], "code": {}, "threads": []})
         index, frames = p["_index"], p["frames"]
         folded: Counter = Counter()
+        order: list[tuple] = []   # each sample's stack, in time order (for the time budget)
         n = 0
         for stack in prof.get("samples") or []:
             n += 1
@@ -508,10 +526,13 @@ def fold_speedscope(doc: dict, pid: int, lines: SourceLines | None = None) -> di
             if len(out) > MAX_DEPTH:
                 half = MAX_DEPTH // 2
                 out = out[:half] + out[-half:]
-            folded[tuple(out)] += 1
+            key = tuple(out)
+            folded[key] += 1
+            order.append(key)
         stacks = folded.most_common()
         kept, dropped = stacks[:MAX_STACKS_PER_THREAD], sum(c for _, c in stacks[MAX_STACKS_PER_THREAD:])
-        th = {"tid": tid, "name": name, "n": n, "stacks": [[c, list(s)] for s, c in kept]}
+        th = {"tid": tid, "name": name, "n": n, "stacks": [[c, list(s)] for s, c in kept],
+              "seq": run_lengths(order, {s: i for i, (s, _c) in enumerate(kept)})}
         if dropped:
             th["dropped"] = dropped
         p["threads"].append(th)
