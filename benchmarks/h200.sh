@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost fixtures scenarios captures stacks launchcost probe ranks export
+# Phases: env nvml host cost fixtures scenarios captures stacks launchcost probe ranks export real
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -180,6 +180,46 @@ phase_export() {
       > "$d/metrics.txt" 2>&1
   wait $g; kill $w 2>/dev/null; wait $w 2>/dev/null
   note "export: $(grep -c '^gputop_' "$d/metrics.txt") series; $(grep -m1 '^gputop_gpu_sm_active' "$d/metrics.txt")"
+}
+
+# Real training code (issue 11): each loop watched from its very start, as a user would, by
+# `gputop --pid` (no probe: stacks + GPU) and, for some, by `gputop run` (with the probe).
+# Recordings and reports land in $RES/real/; the rates files are the loops' own step counts.
+phase_real() {
+  local d=$RES/real; mkdir -p "$d"
+  for s in ${REAL_PID:-hf_trainer lightning checkpoint_stall cpu_work eval_phase slow_startup periodic_stall}; do
+    local secs=35; [ "$s" = hf_trainer ] && secs=50
+    setsid $PY -m gputop.demo.workload --scenario $s --report-every 0.5 > "$d/$s-pid.rates" 2> "$d/$s-pid.workload.err" &
+    local w=$!
+    $PY -m gputop --pid $w --headless --duration $secs --record "$d/$s-pid.gtrec" --json \
+        > "$d/$s-pid.json" 2> "$d/$s-pid.gputop.err"
+    kill -- -$w 2>/dev/null; wait $w 2>/dev/null
+    note "real $s (pid): $(real_line "$d/$s-pid.json")"
+  done
+  for s in ${REAL_RUN:-hf_trainer lightning checkpoint_stall}; do
+    local secs=35; [ "$s" = hf_trainer ] && secs=50
+    rm -f /tmp/gputop-run-*.log
+    $PY -m gputop run --headless --duration $secs --record "$d/$s-run.gtrec" --json -- \
+        $PY -m gputop.demo.workload --scenario $s --report-every 0.5 > "$d/$s-run.json" 2> "$d/$s-run.gputop.err"
+    cat /tmp/gputop-run-*.log > "$d/$s-run.rates" 2>/dev/null
+    note "real $s (run): $(real_line "$d/$s-run.json")"
+  done
+  # the newcomer's first command on a GPU box
+  $PY -m gputop demo --headless --duration 15 --record "$d/demo.gtrec" --json > "$d/demo.json" 2> "$d/demo.err"
+  note "demo --headless --duration 15: $(real_line "$d/demo.json")"
+}
+
+real_line() {
+  $PY - "$1" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no report:", e); raise SystemExit
+pv = r.get("primary_verdict") or {}
+print(pv.get("id"), "| primary", pv.get("share"), "| first verdict", r.get("first_verdict_s"), "s |",
+      " ".join(f"{k}:{v.get('active_share')}" for k, v in (r.get("verdicts") or {}).items()))
+PY
 }
 
 phases=${*:-env nvml host cost scenarios captures}

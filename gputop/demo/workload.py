@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from gputop.demo import real_loops
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -28,6 +30,7 @@ class Scenario:
     needs_gpu: bool
     about: str
     run: Callable
+    needs: tuple[str, ...] = ()   # modules besides torch it imports (a framework)
 
 
 class Meter:
@@ -404,6 +407,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("memory_bound", "memory_bound", True, "elementwise work on 1 GiB fp32 tensors", memory_bound),
     Scenario("host_memory_pressure", "host_memory_pressure", False, "reads a 1 GiB data file while confined to 256 MiB more memory than it holds", host_memory_pressure),
     Scenario("gpu_idle", "gpu_idle", True, "holds a GPU but computes on the CPU", gpu_idle),
+    # real training code: frameworks and plain loops with what jobs do besides training
+    Scenario("hf_trainer", "gpu_bound", False, "Hugging Face Trainer on a GPT-2 config, bf16, 2 DataLoader workers",
+             real_loops.hf_trainer, ("transformers", "accelerate")),
+    Scenario("lightning", "host_bound", False, "Lightning on a small MLP, batch 64: the framework's per-step Python",
+             real_loops.lightning_mlp, ("lightning",)),
+    Scenario("checkpoint_stall", "io_stall", False, "a GPU-bound loop saving a checkpoint with torch.save every 4 s",
+             real_loops.checkpoint_stall),
+    Scenario("cpu_work", "host_bound", False, "~30 ms of CPU tensor work on the main thread each step",
+             real_loops.cpu_work),
+    Scenario("eval_phase", "gpu_bound", False, "trains 8 s, evaluates batch by batch 4 s, over and over",
+             real_loops.eval_phase),
+    Scenario("slow_startup", "gpu_bound", False, "~10 s building a model and loading weights, then GPU-bound training",
+             real_loops.slow_startup),
+    Scenario("periodic_stall", "loop_blocked", False, "a GPU-bound loop that blocks 1.5 s every 3 s in a synchronous call",
+             real_loops.periodic_stall),
     Scenario("python", "", False, "a pure-Python CPU loop (no torch needed)", pure_python),
     Scenario("python_gil", "gil_contention", False, "a pure-Python loop beside a spinning metrics thread "
              "(no torch needed; the plain `gputop demo` without torch)", python_gil),
@@ -427,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:  # `gputop demo` checks first; this is for direct runs
                 print(f"scenario {scenario.name} needs torch, which is not installed", file=sys.stderr, flush=True)
                 return 3
+            for mod in scenario.needs:
+                try:
+                    __import__(mod)
+                except ImportError:
+                    print(f"scenario {scenario.name} needs {mod}, which is not installed (pip install {mod})",
+                          file=sys.stderr, flush=True)
+                    return 3
             if scenario.needs_gpu and not torch.cuda.is_available():
                 print(f"scenario {scenario.name} needs a CUDA GPU", file=sys.stderr, flush=True)
                 return 3
