@@ -1,6 +1,8 @@
 """The verdict rules: pure functions from ``Signals`` to a ``Finding`` (or None when a rule's
 inputs are missing). Every threshold is a named constant; docs/verdicts.md gives the reason
-for each value and must change with it.
+for each value and must change with it. ``@verdict(...)`` declares each rule's id (its name),
+title, severity, order and one-line meaning once (registry.py); the rule builds its finding
+through its spec (``gpu_bound.spec.finding(level=..., ...)``), so the id and title come from there.
 
 A rule's ``level`` is its main measure over its threshold (>= 1: holds). ``lost_share`` is
 the share of step time (0-1) the cause costs, used to pick the primary verdict: a healthy

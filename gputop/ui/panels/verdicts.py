@@ -53,9 +53,9 @@ SHOWS_AFTER_S = math.ceil(ENTER_S / VerdictEngine.interval_s) * VerdictEngine.in
 SOURCE_KINDS = {"nvml": ("gpu",), "host": ("system", "proc"), "stacks": ("stacks", "thread_kernel"),
                 "probe": ("probe_step",)}
 
-# One line per verdict id for the help screen, most specific last as before (straggler_rank,
-# the rule across ranks, after the per-window rules); gputop/verdicts/registry.py declares them
-# and docs/verdicts.md has the thresholds and reasons.
+# One line per verdict id for the help screen: the per-window rules in their order, then
+# straggler_rank (the rule across ranks). gputop/verdicts/registry.py holds them, formatted
+# from the thresholds; docs/verdicts.md has the reasons.
 VERDICT_MEANINGS = {s.id: s.meaning for s in sorted(verdict_specs(), key=lambda s: s.across_ranks)}
 
 register_help_section("Verdicts (what gputop concludes; docs/verdicts.md has the thresholds)", [
