@@ -78,7 +78,8 @@ class Dial:
         self.__name__ = "dial"
 
     def __call__(self, sig):
-        return Finding("dial", "a dial", SEVERITY_WARNING, self.level, 0.5, 1.0, {}, "turn it down", "dial")
+        return Finding(id="dial", title="a dial", severity=SEVERITY_WARNING, level=self.level, lost_share=0.5,
+                       confidence=1.0, evidence={}, advice="turn it down", summary="dial")
 
 
 def _run(engine, store, levels, dial, t0=0.0):

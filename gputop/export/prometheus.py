@@ -37,7 +37,7 @@ from gputop.sources.nvml import CLOCK_EVENT_BITS, GPM_FIELDS, MIB
 from gputop.sources.probe_client import (KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP,
                                          KIND_PROBE_SYNC)
 from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_PRIMARY
-from gputop.verdicts.rules import VERDICT_IDS
+from gputop.verdicts.registry import VERDICT_IDS
 
 DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics name processes
 DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use by convention

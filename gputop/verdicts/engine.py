@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from gputop.model import Sample
 from gputop.verdicts.finding import Finding, VerdictState
+from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
 from gputop.verdicts.signals import WINDOW_S, build_signals, running_ranks
 
@@ -30,15 +31,11 @@ LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
 MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
 NO_GPU_AFTER_EVALUATIONS = 10  # only after 10 s without GPU counters or steps say there are none
 # verdicts that describe the GPU's state rather than a cause of lost time
-NOT_A_CAUSE = ("gpu_idle", "gpu_bound", "memory_bound", "clock_throttled", "gpu_memory_pressure")
-
-
-def _rule_id(rule) -> str:
-    return rule.__name__
-
-
-# straggler_rank first: it explains the others' communication wait better than anything else
-ORDER = {"straggler_rank": -1, **{_rule_id(r): i for i, r in enumerate(RULES)}}
+NOT_A_CAUSE = tuple(s.id for s in specs() if not s.names_cause)
+# specificity: ties for the primary verdict go to the lower value (straggler_rank first: it
+# explains the others' communication wait better than anything else); unknown ids go last
+ORDER = {s.id: s.order for s in specs()}
+UNKNOWN_ORDER = max(ORDER.values()) + 1
 
 
 class VerdictEngine:
@@ -103,7 +100,7 @@ class VerdictEngine:
         found = self.evaluate(store, now)
         self.evaluations += 1
         out: list[Sample] = []
-        for vid in sorted(set(found) | set(self.states), key=lambda v: ORDER.get(v, 99)):
+        for vid in sorted(set(found) | set(self.states), key=lambda v: ORDER.get(v, UNKNOWN_ORDER)):
             st = self.states.setdefault(vid, VerdictState())
             f = found.get(vid)
             level = f.level if f is not None else 0.0
@@ -163,13 +160,13 @@ class VerdictEngine:
 
     def ranked(self) -> list[tuple[str, VerdictState]]:
         """Active verdicts, most lost throughput first; small losses count as none, and ties go
-        to the more specific rule (RULES order)."""
+        to the more specific rule (ORDER)."""
         active = [(v, st) for v, st in self.states.items() if st.active and st.last is not None]
 
         def key(item):
             v, st = item
             loss = st.last.lost_share if st.last.lost_share >= MIN_PRIMARY_LOSS else 0.0
-            return (-loss, ORDER.get(v, 99))
+            return (-loss, ORDER.get(v, UNKNOWN_ORDER))
 
         return sorted(active, key=key)
 

@@ -10,7 +10,7 @@ SEVERITY_CRITICAL = "critical"
 SEVERITIES = (SEVERITY_INFO, SEVERITY_WARNING, SEVERITY_CRITICAL)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """One rule's judgement of the current window.
 

@@ -1,6 +1,8 @@
 """The verdict rules: pure functions from ``Signals`` to a ``Finding`` (or None when a rule's
 inputs are missing). Every threshold is a named constant; docs/verdicts.md gives the reason
-for each value and must change with it.
+for each value and must change with it. ``@verdict(...)`` declares each rule's id (its name),
+title, severity, order and one-line meaning once (registry.py); the rule builds its finding
+through its spec (``gpu_bound.spec.finding(level=..., ...)``), so the id and title come from there.
 
 A rule's ``level`` is its main measure over its threshold (>= 1: holds). ``lost_share`` is
 the share of step time (0-1) the cause costs, used to pick the primary verdict: a healthy
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding
+from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
 
 # -- thresholds (docs/verdicts.md explains each) -------------------------------------------------
@@ -51,10 +54,6 @@ STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least
 STRAGGLER_GAP = 0.15              # ... and at least this much more than the rank they wait for
 
 
-def _mb(x):
-    return None if x is None else round(x / 1024.0, 1)
-
-
 def _pct(x, nd=0):
     return None if x is None else round(100.0 * x, nd)
 
@@ -84,6 +83,8 @@ def _idle_share(sig: Signals) -> float | None:
 
 # -- rules ----------------------------------------------------------------------------------------
 
+@verdict(title="GPU-bound (healthy)", severity=SEVERITY_INFO, order=120, names_cause=False,
+         meaning="the GPU is the bottleneck (SM active >= {GPU_BOUND_SM_ACTIVE:.0f}%): the healthy case")
 def gpu_bound(sig: Signals) -> Finding | None:
     sm, tensor, util = sig.get("gpu.sm_active"), sig.get("gpu.tensor_active"), sig.get("gpu.util_gpu")
     if sm is not None:
@@ -98,11 +99,14 @@ def gpu_bound(sig: Signals) -> Finding | None:
     if tensor is not None and tensor < 20 and sm is not None:
         advice += "tensor cores are mostly idle, so try bf16 autocast (torch.autocast) or TF32 matmuls; "
     advice += "fuse kernels with torch.compile; raise the batch size if memory allows; or add GPUs."
-    return Finding("gpu_bound", "GPU-bound (healthy)", SEVERITY_INFO, level, 0.0, conf,
-                   {"sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor), "util_gpu_pct": _r(util)},
-                   advice, summary, _missing(sig, "gpm"))
+    return gpu_bound.spec.finding(
+        level=level, lost_share=0.0, confidence=conf,
+        evidence={"sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor), "util_gpu_pct": _r(util)},
+        advice=advice, summary=summary, missing=_missing(sig, "gpm"))
 
 
+@verdict(title="GPU memory-bandwidth bound", severity=SEVERITY_INFO, order=110, names_cause=False,
+         meaning="a busy GPU limited by DRAM bandwidth (>= {MEMORY_BOUND_DRAM:.0f}%), not arithmetic (informational)")
 def memory_bound(sig: Signals) -> Finding | None:
     dram, sm, tensor = sig.get("gpu.dram_bw"), sig.get("gpu.sm_active"), sig.get("gpu.tensor_active")
     conf = 0.85
@@ -115,14 +119,18 @@ def memory_bound(sig: Signals) -> Finding | None:
         level = _gate(dram / MEMORY_BOUND_UTIL_MEM_NO_GPM, sm >= GPU_BOUND_UTIL_NO_GPM)
     else:
         level = _gate(dram / MEMORY_BOUND_DRAM, sm >= MEMORY_BOUND_MIN_SM)
-    return Finding("memory_bound", "GPU memory-bandwidth bound", SEVERITY_INFO, level, 0.0, conf,
-                   {"dram_bw_pct": _r(dram), "sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor)},
-                   "Kernels wait on DRAM, not arithmetic: fuse elementwise ops (torch.compile), keep "
-                   "activations in bf16/fp16, avoid extra copies (.contiguous(), cat) and increase "
-                   "arithmetic intensity (larger matmuls, fewer passes over the data).",
-                   f"DRAM bandwidth {dram:.0f}% with SMs {sm:.0f}% active: memory-bound kernels")
+    return memory_bound.spec.finding(
+        level=level, lost_share=0.0, confidence=conf,
+        evidence={"dram_bw_pct": _r(dram), "sm_active_pct": _r(sm), "tensor_active_pct": _r(tensor)},
+        advice="Kernels wait on DRAM, not arithmetic: fuse elementwise ops (torch.compile), keep "
+               "activations in bf16/fp16, avoid extra copies (.contiguous(), cat) and increase "
+               "arithmetic intensity (larger matmuls, fewer passes over the data).",
+        summary=f"DRAM bandwidth {dram:.0f}% with SMs {sm:.0f}% active: memory-bound kernels")
 
 
+@verdict(title="Clocks throttled (thermal / hardware slowdown)", severity=SEVERITY_WARNING, order=130,
+         names_cause=False, alt_titles={"power_cap": "Clocks capped by power"},
+         meaning="clocks slowed by thermal/hardware limits (warning) or the power cap (info)")
 def clock_throttled(sig: Signals) -> Finding | None:
     thermal, power, ratio = sig.get("gpu.thermal_share"), sig.get("gpu.power_cap_share"), sig.get("gpu.clock_ratio")
     if thermal is None or power is None:
@@ -137,21 +145,26 @@ def clock_throttled(sig: Signals) -> Finding | None:
                 "sm_clock_of_max_pct": _pct(ratio), "power_w": _r(sig.get("gpu.power_w"))}
     if lt >= 1.0:
         lost = busy * (1.0 - ratio) if ratio is not None else 0.1
-        return Finding("clock_throttled", "Clocks throttled (thermal / hardware slowdown)", SEVERITY_WARNING,
-                       level, lost, 0.9, evidence,
-                       "The GPU slows itself to protect the hardware: check cooling and airflow, the "
-                       "GPU's temperature history and the node's power supply with your admins.",
-                       f"thermal/hardware slowdown in {thermal * 100:.0f}% of samples; SM clock at "
-                       f"{_pct(ratio) or '?'}% of max")
+        return clock_throttled.spec.finding(
+            level=level, lost_share=lost, confidence=0.9, evidence=evidence,
+            advice="The GPU slows itself to protect the hardware: check cooling and airflow, the "
+                   "GPU's temperature history and the node's power supply with your admins.",
+            summary=f"thermal/hardware slowdown in {thermal * 100:.0f}% of samples; SM clock at "
+                    f"{_pct(ratio) or '?'}% of max")
     # The software power cap is the GPU working at its power limit: the hardware ceiling of a
     # busy GPU, not a fixable loss, so it costs no "lost share" and stays informational.
-    return Finding("clock_throttled", "Clocks capped by power", SEVERITY_INFO, level, 0.0, 0.9, evidence,
-                   "The GPU runs at its power limit and lowers clocks to stay under it — expected for "
-                   "long dense matmuls. Nothing to fix unless the limit was set below default "
-                   "(nvidia-smi -q -d POWER, ask an admin).",
-                   f"power cap in {power * 100:.0f}% of samples; SM clock at {_pct(ratio) or '?'}% of max")
+    return clock_throttled.spec.finding(
+        title=clock_throttled.spec.alt_titles["power_cap"], severity=SEVERITY_INFO,
+        level=level, lost_share=0.0, confidence=0.9, evidence=evidence,
+        advice="The GPU runs at its power limit and lowers clocks to stay under it — expected for "
+               "long dense matmuls. Nothing to fix unless the limit was set below default "
+               "(nvidia-smi -q -d POWER, ask an admin).",
+        summary=f"power cap in {power * 100:.0f}% of samples; SM clock at {_pct(ratio) or '?'}% of max")
 
 
+@verdict(title="Input-bound: waiting for the DataLoader", severity=SEVERITY_WARNING, order=10,
+         meaning="the training loop waits for the DataLoader (>= {INPUT_BOUND_SHARE:.0%} of step time) "
+                 "while the GPU is not busy")
 def input_bound(sig: Signals) -> Finding | None:
     probe, stacks = sig.get("probe.data_wait_share"), sig.get("py.main.data")
     share = probe if probe is not None else stacks
@@ -184,12 +197,16 @@ def input_bound(sig: Signals) -> Finding | None:
                 "sm_active_pct": _r(sm), "workers": workers, "workers_busy": busy,
                 "worker_cpu_pct_mean": _r(sig.get("proc.workers.cpu_pct_mean")),
                 "num_workers": nw, "pin_memory": cfg.get("pin_memory")}
-    return Finding("input_bound", "Input-bound: waiting for the DataLoader", SEVERITY_WARNING, level, share,
-                   _confidence(0.9 if probe is not None else 0.75, missing), evidence, "; ".join(advice) + ".",
-                   f"{share * 100:.0f}% of step time waiting for data" +
-                   (f"; {int(busy)}/{int(workers)} workers at 100% CPU" if workers else ""), missing)
+    return input_bound.spec.finding(
+        level=level, lost_share=share, confidence=_confidence(0.9 if probe is not None else 0.75, missing),
+        evidence=evidence, advice="; ".join(advice) + ".",
+        summary=f"{share * 100:.0f}% of step time waiting for data" +
+                (f"; {int(busy)}/{int(workers)} workers at 100% CPU" if workers else ""),
+        missing=missing)
 
 
+@verdict(title="Host-to-device copies dominate", severity=SEVERITY_WARNING, order=20,
+         meaning="host-to-device copies (>= {H2D_PCIE_RX_MIBS:.0f} MiB/s) run while the SMs are mostly idle: pin memory")
 def h2d_copy_bound(sig: Signals) -> Finding | None:
     rx, sm = sig.get("gpu.pcie_rx_mibs"), sig.get("gpu.sm_active")
     conf = 0.8
@@ -207,14 +224,18 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
                       ".to(device, non_blocking=True)")
     advice.append("keep data on the GPU across steps, send smaller dtypes (uint8 images, normalise on the GPU)")
     lost = max(0.0, 1.0 - sm / 100.0)
-    return Finding("h2d_copy_bound", "Host-to-device copies dominate", SEVERITY_WARNING, level, lost, conf,
-                   {"pcie_rx_mib_s": _r(rx, 0), "sm_active_pct": _r(sm), "pageable_suspected": pageable,
-                    "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory")},
-                   "; ".join(advice) + ".",
-                   f"PCIe host->device {rx / 1024:.1f} GiB/s while SMs are {sm:.0f}% active"
-                   + (" (pageable memory?)" if pageable else ""))
+    return h2d_copy_bound.spec.finding(
+        level=level, lost_share=lost, confidence=conf,
+        evidence={"pcie_rx_mib_s": _r(rx, 0), "sm_active_pct": _r(sm), "pageable_suspected": pageable,
+                  "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory")},
+        advice="; ".join(advice) + ".",
+        summary=f"PCIe host->device {rx / 1024:.1f} GiB/s while SMs are {sm:.0f}% active"
+                + (" (pageable memory?)" if pageable else ""))
 
 
+@verdict(title="Sync stalls: the CPU waits for the GPU, then the GPU for the CPU", severity=SEVERITY_WARNING,
+         order=30, meaning="the main thread waits on the GPU (.item(), .cpu(), synchronize) "
+                           ">= {SYNC_STALL_SHARE:.0%} of the time")
 def sync_stall(sig: Signals) -> Finding | None:
     cuda, syncs = sig.get("py.main.cuda"), sig.get("probe.syncs_per_step")
     if cuda is None and syncs is None:
@@ -239,18 +260,20 @@ def sync_stall(sig: Signals) -> Finding | None:
     lost = _idle_share(sig)
     if lost is None:
         lost = cuda or 0.0
-    return Finding("sync_stall", "Sync stalls: the CPU waits for the GPU, then the GPU for the CPU",
-                   SEVERITY_WARNING, level, lost, _confidence(0.85, _missing(sig, "stacks", "probe")),
-                   {"main_cuda_wait_pct": _pct(cuda), "syncs_per_step": _r(syncs), "sm_active_pct": _r(sm),
-                    "hottest_sync": line if isinstance(line, str) else (line[0] if line else None)},
-                   "Remove host reads of GPU values from the hot loop (.item(), .cpu(), .tolist(), "
-                   "print(tensor), if tensor:); accumulate metrics on the GPU and read them every N steps; "
-                   "use non_blocking copies." + where,
-                   f"main thread waits on the GPU {_pct(cuda) or '?'}% of the time"
-                   + (f", {syncs:.1f} syncs per step" if syncs is not None else ""),
-                   _missing(sig, "stacks", "probe"))
+    return sync_stall.spec.finding(
+        level=level, lost_share=lost, confidence=_confidence(0.85, _missing(sig, "stacks", "probe")),
+        evidence={"main_cuda_wait_pct": _pct(cuda), "syncs_per_step": _r(syncs), "sm_active_pct": _r(sm),
+                  "hottest_sync": line if isinstance(line, str) else (line[0] if line else None)},
+        advice="Remove host reads of GPU values from the hot loop (.item(), .cpu(), .tolist(), "
+               "print(tensor), if tensor:); accumulate metrics on the GPU and read them every N steps; "
+               "use non_blocking copies." + where,
+        summary=f"main thread waits on the GPU {_pct(cuda) or '?'}% of the time"
+                + (f", {syncs:.1f} syncs per step" if syncs is not None else ""),
+        missing=_missing(sig, "stacks", "probe"))
 
 
+@verdict(title="Launch-bound: Python and kernel-launch overhead", severity=SEVERITY_WARNING, order=60,
+         meaning="kernels run but are too small to fill the GPU; the CPU launching them is saturated")
 def launch_bound(sig: Signals) -> Finding | None:
     sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
     conf = 0.8
@@ -273,45 +296,53 @@ def launch_bound(sig: Signals) -> Finding | None:
     ok = sm < LAUNCH_MAX_SM and util >= LAUNCH_MIN_UTIL and blockers < 0.15 and rx < H2D_PCIE_RX_MIBS
     level = _gate(busy / LAUNCH_MAIN_BUSY, ok)
     gpu_share = sig.get("probe.gpu_share")
-    return Finding("launch_bound", "Launch-bound: Python and kernel-launch overhead", SEVERITY_WARNING, level,
-                   max(0.0, 1.0 - sm / 100.0), _confidence(conf, _missing(sig, "stacks", "probe", "gpm")),
-                   {"sm_active_pct": _r(sm), "util_gpu_pct": _r(util), "main_busy_pct": _pct(busy),
-                    "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms"))},
-                   "Kernels are too small to fill the GPU and the CPU cannot launch them fast enough: "
-                   "capture the step with CUDA graphs or torch.compile(mode='reduce-overhead'), fuse "
-                   "small ops, use foreach/fused optimizers, avoid Python loops over tensors, raise the batch size.",
-                   f"util.gpu {util:.0f}% but SMs only {sm:.1f}% active; main thread {busy * 100:.0f}% busy on the CPU",
-                   _missing(sig, "stacks", "probe"))
+    return launch_bound.spec.finding(
+        level=level, lost_share=max(0.0, 1.0 - sm / 100.0),
+        confidence=_confidence(conf, _missing(sig, "stacks", "probe", "gpm")),
+        evidence={"sm_active_pct": _r(sm), "util_gpu_pct": _r(util), "main_busy_pct": _pct(busy),
+                  "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms"))},
+        advice="Kernels are too small to fill the GPU and the CPU cannot launch them fast enough: "
+               "capture the step with CUDA graphs or torch.compile(mode='reduce-overhead'), fuse "
+               "small ops, use foreach/fused optimizers, avoid Python loops over tensors, raise the batch size.",
+        summary=f"util.gpu {util:.0f}% but SMs only {sm:.1f}% active; main thread {busy * 100:.0f}% busy on the CPU",
+        missing=_missing(sig, "stacks", "probe"))
 
 
+@verdict(title="GIL contention: the training thread waits for other Python threads", severity=SEVERITY_WARNING,
+         order=40, meaning="the main thread waits for the GIL >= {GIL_CONTENTION_SHARE:.0%} of the time: "
+                           "other Python threads hold it")
 def gil_contention(sig: Signals) -> Finding | None:
     gil = sig.get("py.main.gil")
     if gil is None:
         return None
     threads = sig.facts.get("busy_threads") or []
     names = ", ".join(f"{n} ({r}%)" for n, r in threads)
-    return Finding("gil_contention", "GIL contention: the training thread waits for other Python threads",
-                   SEVERITY_WARNING, gil / GIL_CONTENTION_SHARE, gil, 0.8,
-                   {"main_gil_wait_pct": _pct(gil), "busy_threads": names or None},
-                   "Other Python threads hold the GIL" + (f" ({names})" if names else "") +
-                   ": move their work to a process (multiprocessing, DataLoader workers), do it less often, "
-                   "or use code that releases the GIL (numpy/torch ops, I/O).",
-                   f"main thread waits for the GIL {gil * 100:.0f}% of the time" + (f"; busy: {names}" if names else ""))
+    return gil_contention.spec.finding(
+        level=gil / GIL_CONTENTION_SHARE, lost_share=gil, confidence=0.8,
+        evidence={"main_gil_wait_pct": _pct(gil), "busy_threads": names or None},
+        advice="Other Python threads hold the GIL" + (f" ({names})" if names else "") +
+               ": move their work to a process (multiprocessing, DataLoader workers), do it less often, "
+               "or use code that releases the GIL (numpy/torch ops, I/O).",
+        summary=f"main thread waits for the GIL {gil * 100:.0f}% of the time" + (f"; busy: {names}" if names else ""))
 
 
+@verdict(title="Communication-bound: collectives dominate", severity=SEVERITY_WARNING, order=50,
+         meaning="the main thread is in torch.distributed collectives >= {COMM_BOUND_SHARE:.0%} of the time")
 def communication_bound(sig: Signals) -> Finding | None:
     comm = sig.get("py.main.collective")
     if comm is None:
         return None
-    return Finding("communication_bound", "Communication-bound: collectives dominate", SEVERITY_WARNING,
-                   comm / COMM_BOUND_SHARE, comm, 0.75, {"main_collective_pct": _pct(comm),
-                                                         "nvlink_tx_mib_s": _r(sig.get("gpu.nvlink_tx_mibs"), 0)},
-                   "Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
-                   "no_sync()), communicate less often or in lower precision, and check for a straggler rank "
-                   "that the others wait for.",
-                   f"main thread in torch.distributed collectives {comm * 100:.0f}% of the time")
+    return communication_bound.spec.finding(
+        level=comm / COMM_BOUND_SHARE, lost_share=comm, confidence=0.75,
+        evidence={"main_collective_pct": _pct(comm), "nvlink_tx_mib_s": _r(sig.get("gpu.nvlink_tx_mibs"), 0)},
+        advice="Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
+               "no_sync()), communicate less often or in lower precision, and check for a straggler rank "
+               "that the others wait for.",
+        summary=f"main thread in torch.distributed collectives {comm * 100:.0f}% of the time")
 
 
+@verdict(title="Host memory pressure: swapping or reclaim stalls", severity=SEVERITY_WARNING, order=70,
+         meaning="the host swaps or stalls on memory reclaim (PSI), or is nearly out of memory")
 def host_memory_pressure(sig: Signals) -> Finding | None:
     swap, psi, avail = sig.get("host.swap_bps"), sig.get("host.psi_mem_some_pct"), sig.get("host.mem_available_frac")
     cg, majflt = sig.get("host.cgroup_mem_frac"), sig.get("proc.main.majflt_ps")
@@ -336,62 +367,72 @@ def host_memory_pressure(sig: Signals) -> Finding | None:
     lost = max((psi or 0.0) / 100.0, blocked or 0.0) if level >= 1 else 0.0
     if level >= 1 and psi is None and blocked is None:
         lost = 0.1
-    return Finding("host_memory_pressure", "Host memory pressure: swapping or reclaim stalls", SEVERITY_CRITICAL
-                   if (avail is not None and avail < 0.02) else SEVERITY_WARNING, level, lost,
-                   _confidence(0.85, _missing(sig, "psi")),
-                   {"swap_mib_s": _r(swap / (1 << 20) if swap is not None else None, 2), "psi_mem_some_pct": _r(psi),
-                    "mem_available_pct": _pct(avail), "cgroup_mem_used_pct": _pct(cg),
-                    "main_major_faults_per_s": _r(sig.get("proc.main.majflt_ps"), 0)},
-                   "The job needs more memory than it has: reduce DataLoader workers or prefetch_factor "
-                   "(each worker holds its own copy of the dataset object), avoid loading the whole dataset "
-                   "in RAM (memory-map it), or raise the container's memory limit.",
-                   "memory stalls " + (f"{psi:.0f}% of the time" if psi is not None else "")
-                   + (f", swap {swap / (1 << 20):.1f} MiB/s" if swap else "")
-                   + (f", {avail * 100:.0f}% memory available" if avail is not None else ""),
-                   _missing(sig, "psi"))
+    spec = host_memory_pressure.spec
+    return spec.finding(
+        severity=SEVERITY_CRITICAL if (avail is not None and avail < 0.02) else spec.severity,
+        level=level, lost_share=lost, confidence=_confidence(0.85, _missing(sig, "psi")),
+        evidence={"swap_mib_s": _r(swap / (1 << 20) if swap is not None else None, 2), "psi_mem_some_pct": _r(psi),
+                  "mem_available_pct": _pct(avail), "cgroup_mem_used_pct": _pct(cg),
+                  "main_major_faults_per_s": _r(sig.get("proc.main.majflt_ps"), 0)},
+        advice="The job needs more memory than it has: reduce DataLoader workers or prefetch_factor "
+               "(each worker holds its own copy of the dataset object), avoid loading the whole dataset "
+               "in RAM (memory-map it), or raise the container's memory limit.",
+        summary="memory stalls " + (f"{psi:.0f}% of the time" if psi is not None else "")
+                + (f", swap {swap / (1 << 20):.1f} MiB/s" if swap else "")
+                + (f", {avail * 100:.0f}% memory available" if avail is not None else ""),
+        missing=_missing(sig, "psi"))
 
 
+@verdict(title="CPU quota throttling (cgroup)", severity=SEVERITY_WARNING, order=80,
+         meaning="the container's CPU quota throttles the job (>= {CGROUP_THROTTLED_PCT:.0f}% of CFS periods)")
 def cpu_throttled(sig: Signals) -> Finding | None:
     thr = sig.get("host.cgroup_throttled_pct")
     if thr is None:
         return None
     limit = sig.get("host.cgroup_cpu_limit")
-    return Finding("cpu_throttled", "CPU quota throttling (cgroup)", SEVERITY_WARNING, thr / CGROUP_THROTTLED_PCT,
-                   min(1.0, thr / 100.0), 0.85, {"throttled_periods_pct": _r(thr), "cpu_limit_cores": _r(limit)},
-                   "The container's CPU quota stops the job every scheduling period: raise the CPU limit"
-                   + (f" (now {limit:g} cores)" if limit else "") + " or use fewer DataLoader workers/threads "
-                   "(torch.set_num_threads, OMP_NUM_THREADS).",
-                   f"throttled in {thr:.0f}% of CPU periods" + (f" (limit {limit:g} cores)" if limit else ""))
+    return cpu_throttled.spec.finding(
+        level=thr / CGROUP_THROTTLED_PCT, lost_share=min(1.0, thr / 100.0), confidence=0.85,
+        evidence={"throttled_periods_pct": _r(thr), "cpu_limit_cores": _r(limit)},
+        advice="The container's CPU quota stops the job every scheduling period: raise the CPU limit"
+               + (f" (now {limit:g} cores)" if limit else "") + " or use fewer DataLoader workers/threads "
+               "(torch.set_num_threads, OMP_NUM_THREADS).",
+        summary=f"throttled in {thr:.0f}% of CPU periods" + (f" (limit {limit:g} cores)" if limit else ""))
 
 
+@verdict(title="CPU oversubscribed: the training thread waits for a core", severity=SEVERITY_WARNING, order=90,
+         meaning="the main thread is ready to run but waits for a free core >= {CPU_WAIT_SHARE:.0%} of the time")
 def cpu_oversubscribed(sig: Signals) -> Finding | None:
     wait = sig.get("py.main.cpu_wait")
     if wait is None:
         return None
     workers, cores = sig.get("proc.workers.count"), sig.get("host.cpu_count")
-    return Finding("cpu_oversubscribed", "CPU oversubscribed: the training thread waits for a core",
-                   SEVERITY_WARNING, wait / CPU_WAIT_SHARE, wait, 0.8,
-                   {"main_cpu_wait_pct": _pct(wait), "host_cpu_pct": _r(sig.get("host.cpu_pct")),
-                    "cores": cores, "dataloader_workers": workers},
-                   "More threads want to run than there are cores: use fewer DataLoader workers"
-                   + (f" (now {int(workers)} on {int(cores)} cores)" if workers and cores else "")
-                   + ", limit torch's CPU threads (torch.set_num_threads, OMP_NUM_THREADS), or move other "
-                     "work off this machine.",
-                   f"the main thread is ready to run but waits for a CPU {wait * 100:.0f}% of the time")
+    return cpu_oversubscribed.spec.finding(
+        level=wait / CPU_WAIT_SHARE, lost_share=wait, confidence=0.8,
+        evidence={"main_cpu_wait_pct": _pct(wait), "host_cpu_pct": _r(sig.get("host.cpu_pct")),
+                  "cores": cores, "dataloader_workers": workers},
+        advice="More threads want to run than there are cores: use fewer DataLoader workers"
+               + (f" (now {int(workers)} on {int(cores)} cores)" if workers and cores else "")
+               + ", limit torch's CPU threads (torch.set_num_threads, OMP_NUM_THREADS), or move other "
+                 "work off this machine.",
+        summary=f"the main thread is ready to run but waits for a CPU {wait * 100:.0f}% of the time")
 
 
+@verdict(title="GPU memory nearly full", severity=SEVERITY_WARNING, order=140, names_cause=False,
+         meaning="GPU memory >= {GPU_MEM_USED_FRAC:.0%} used: allocator retries and fragmentation ahead")
 def gpu_memory_pressure(sig: Signals) -> Finding | None:
     used = sig.get("gpu.mem_used_frac")
     if used is None:
         return None
-    return Finding("gpu_memory_pressure", "GPU memory nearly full", SEVERITY_WARNING, used / GPU_MEM_USED_FRAC, 0.0,
-                   0.8, {"gpu_mem_used_pct": _pct(used)},
-                   "Close to out-of-memory: allocator retries and fragmentation slow steps. Use activation "
-                   "checkpointing, bf16, a smaller micro-batch with gradient accumulation, or "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
-                   f"GPU memory {used * 100:.0f}% used")
+    return gpu_memory_pressure.spec.finding(
+        level=used / GPU_MEM_USED_FRAC, lost_share=0.0, confidence=0.8, evidence={"gpu_mem_used_pct": _pct(used)},
+        advice="Close to out-of-memory: allocator retries and fragmentation slow steps. Use activation "
+               "checkpointing, bf16, a smaller micro-batch with gradient accumulation, or "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+        summary=f"GPU memory {used * 100:.0f}% used")
 
 
+@verdict(title="GPU idle: the job is not using the GPU", severity=SEVERITY_WARNING, order=100, names_cause=False,
+         meaning="the GPU has nothing to do and no wait (data, sync, GIL) explains why")
 def gpu_idle(sig: Signals) -> Finding | None:
     sm, util = sig.get("gpu.sm_active"), sig.get("gpu.util_gpu")
     if (sm is None and util is None) or sig.pending:
@@ -411,18 +452,21 @@ def gpu_idle(sig: Signals) -> Finding | None:
     cpu = sig.get("proc.main.cpu_pct")
     doing = ("the main thread is busy on the CPU" if (running or (cpu or 0) / 100.0) >= 0.5
              else "the main thread is mostly idle (sleeping, I/O, locks)")
-    return Finding("gpu_idle", "GPU idle: the job is not using the GPU", SEVERITY_WARNING, level,
-                   _idle_share(sig) if sm is not None else 1.0 - (util or 0) / 100.0,
-                   _confidence(0.8, _missing(sig, "gpm", "stacks")),
-                   {"sm_active_pct": _r(sm, 2), "util_gpu_pct": _r(util), "main_running_pct": _pct(running),
-                    "main_cpu_pct": _r(cpu)},
-                   "The GPU has nothing to do and the process is not waiting for data or the GPU: "
-                   f"{doing}. Check that the model and tensors are on the GPU (.to('cuda')), and what the "
-                   "main thread does in the hot frames view.",
-                   f"SMs {sm:.1f}% active" if sm is not None else f"util.gpu {util:.0f}%",
-                   _missing(sig, "gpm", "stacks"))
+    return gpu_idle.spec.finding(
+        level=level, lost_share=_idle_share(sig) if sm is not None else 1.0 - (util or 0) / 100.0,
+        confidence=_confidence(0.8, _missing(sig, "gpm", "stacks")),
+        evidence={"sm_active_pct": _r(sm, 2), "util_gpu_pct": _r(util), "main_running_pct": _pct(running),
+                  "main_cpu_pct": _r(cpu)},
+        advice="The GPU has nothing to do and the process is not waiting for data or the GPU: "
+               f"{doing}. Check that the model and tensors are on the GPU (.to('cuda')), and what the "
+               "main thread does in the hot frames view.",
+        summary=f"SMs {sm:.1f}% active" if sm is not None else f"util.gpu {util:.0f}%",
+        missing=_missing(sig, "gpm", "stacks"))
 
 
+@verdict(title="Straggler: rank {rank} holds the others back", severity=SEVERITY_WARNING, order=0,
+         across_ranks=True,
+         meaning="a multi-GPU job: one rank is late and the others wait for it in collectives")
 def straggler_rank(ranks: list, findings: dict) -> Finding | None:
     """One rank is late and the others wait for it in collectives. ``ranks``: [(rank dict,
     Signals)] of the running ranks; ``findings``: each rank's own findings by PID, for the cause.
@@ -455,21 +499,17 @@ def straggler_rank(ranks: list, findings: dict) -> Finding | None:
                 "others_collective_pct": _pct(mean_others),
                 "per_rank_collective_pct": {str(rr["rank"]): _pct(w) for w, rr, _ in waits},
                 "likely_cause": cause.id if cause else "compute"}
-    return Finding("straggler_rank", f"Straggler: rank {r['rank']} holds the others back", SEVERITY_WARNING,
-                   level, mean_others, _confidence(0.85, ()), evidence, advice,
-                   f"rank {r['rank']} waits {low * 100:.0f}% in collectives, the others {mean_others * 100:.0f}%: "
-                   f"they wait for it; {why}")
+    spec = straggler_rank.spec
+    return spec.finding(
+        title=spec.title.format(rank=r["rank"]), level=level, lost_share=mean_others,
+        confidence=_confidence(0.85, ()), evidence=evidence, advice=advice,
+        summary=f"rank {r['rank']} waits {low * 100:.0f}% in collectives, the others {mean_others * 100:.0f}%: "
+                f"they wait for it; {why}")
 
 
-# Order = specificity: on equal lost share (or losses under the engine's MIN_PRIMARY_LOSS), the
-# earlier rule explains more. The zero-loss verdicts come last: memory_bound (a specific kind of
-# busy GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
-RULES: list[Callable[[Signals], Finding | None]] = [
-    input_bound, h2d_copy_bound, sync_stall, gil_contention, communication_bound, launch_bound,
-    host_memory_pressure, cpu_throttled, cpu_oversubscribed, gpu_idle, memory_bound, gpu_bound, clock_throttled,
-    gpu_memory_pressure,
-]
-VERDICT_IDS = ("straggler_rank", "gpu_bound", "input_bound", "h2d_copy_bound", "launch_bound", "gil_contention", "sync_stall",
-               "memory_bound", "clock_throttled", "host_memory_pressure", "cpu_throttled", "cpu_oversubscribed",
-               "gpu_memory_pressure",
-               "communication_bound", "gpu_idle")
+# Every rule of one window's signals, in order of specificity (registry.py: each verdict's
+# ``order``): on equal lost share (or losses under the engine's MIN_PRIMARY_LOSS), the earlier
+# rule explains more. The zero-loss verdicts come last: memory_bound (a specific kind of busy
+# GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
+RULES: list[Callable[[Signals], Finding | None]] = [s.rule for s in specs() if not s.across_ranks]
+VERDICT_IDS = tuple(s.id for s in specs())  # most specific first

@@ -37,6 +37,7 @@ from gputop.verdicts import default_processors
 from gputop.verdicts.engine import ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE as KIND_CHANGE
 from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
 from gputop.verdicts.engine import VerdictEngine
+from gputop.verdicts.registry import specs as verdict_specs
 
 register_view("verdicts", "Verdicts", order=15)
 
@@ -52,25 +53,10 @@ SHOWS_AFTER_S = math.ceil(ENTER_S / VerdictEngine.interval_s) * VerdictEngine.in
 SOURCE_KINDS = {"nvml": ("gpu",), "host": ("system", "proc"), "stacks": ("stacks", "thread_kernel"),
                 "probe": ("probe_step",)}
 
-# One line per verdict id for the help screen; docs/verdicts.md has the thresholds and reasons,
-# and tests/test_ui_verdicts.py checks that every rule in gputop.verdicts.rules is listed here.
-VERDICT_MEANINGS = {
-    "input_bound": "the training loop waits for the DataLoader (>= 20% of step time) while the GPU is not busy",
-    "h2d_copy_bound": "host-to-device copies (>= 1000 MiB/s) run while the SMs are mostly idle: pin memory",
-    "sync_stall": "the main thread waits on the GPU (.item(), .cpu(), synchronize) >= 20% of the time",
-    "gil_contention": "the main thread waits for the GIL >= 15% of the time: other Python threads hold it",
-    "communication_bound": "the main thread is in torch.distributed collectives >= 20% of the time",
-    "launch_bound": "kernels run but are too small to fill the GPU; the CPU launching them is saturated",
-    "host_memory_pressure": "the host swaps or stalls on memory reclaim (PSI), or is nearly out of memory",
-    "cpu_throttled": "the container's CPU quota throttles the job (>= 10% of CFS periods)",
-    "cpu_oversubscribed": "the main thread is ready to run but waits for a free core >= 25% of the time",
-    "gpu_idle": "the GPU has nothing to do and no wait (data, sync, GIL) explains why",
-    "memory_bound": "a busy GPU limited by DRAM bandwidth (>= 60%), not arithmetic (informational)",
-    "gpu_bound": "the GPU is the bottleneck (SM active >= 80%): the healthy case",
-    "clock_throttled": "clocks slowed by thermal/hardware limits (warning) or the power cap (info)",
-    "gpu_memory_pressure": "GPU memory >= 95% used: allocator retries and fragmentation ahead",
-    "straggler_rank": "a multi-GPU job: one rank is late and the others wait for it in collectives",
-}
+# One line per verdict id for the help screen: the per-window rules in their order, then
+# straggler_rank (the rule across ranks). gputop/verdicts/registry.py holds them, formatted
+# from the thresholds; docs/verdicts.md has the reasons.
+VERDICT_MEANINGS = {s.id: s.meaning for s in sorted(verdict_specs(), key=lambda s: s.across_ranks)}
 
 register_help_section("Verdicts (what gputop concludes; docs/verdicts.md has the thresholds)", [
     ("● WARNING id", "the primary verdict: the active one that costs the most step time (colour repeats the "
