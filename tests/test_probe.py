@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop.derive.steps import off_reason, report_lines, report_section, step_split
+from gputop.derive.steps import off_reason, pool_steps, report_lines, report_section, step_split
 from gputop.model import Sample
 from gputop.probe import wire
 from gputop.session.launch import LaunchError, launch_with_probe, probe_env
@@ -294,6 +294,55 @@ def test_report_section_without_probe_data_says_why():
     sec = report_section([h, Sample(1.0, "gpu", "0", {"sm_active": 1.0})])
     assert sec == {"found": False, "message": "no probe in PID 1's process tree: ...", "ranks": []}
     assert report_lines(sec) == ["probe: no probe in PID 1's process tree: ..."]
+
+
+def _window(t: float, **d) -> Sample:
+    return Sample(t, KIND_PROBE_STEP, "7", d)
+
+
+def test_one_step_pool_names_what_each_rate_divides_by():
+    """An idle start-up window, then two training windows: per observed second, the idle second
+    counts; while training (1 / mean step time) it does not. The report's probe and ranks
+    sections print the same steps/s; the verdict signals read the same pool."""
+    from gputop.derive import ranks
+    from gputop.session.store import SampleStore
+    from gputop.sources.ranks import KIND_RANK
+    from gputop.verdicts.signals import build_signals
+
+    windows = [
+        _window(1.0, window_s=1.0, steps=0, step_n=0, step_s_sum=None, batches=0),
+        _window(2.0, window_s=1.0, steps=10, step_n=9, step_s_sum=0.9, data_wait_s_sum=0.09, gpu_n=9,
+                gpu_s_sum=0.45, syncs=None, batches=10, step_batches=10, samples=320, step_samples=320,
+                step_hist={}, step_ms_max=120.0),
+        _window(3.0, window_s=1.0, steps=10, step_n=10, step_s_sum=1.0, data_wait_s_sum=0.3, gpu_n=10,
+                gpu_s_sum=0.5, syncs=20, batches=10, step_batches=10, samples=320, step_samples=320,
+                step_hist={}, step_ms_max=110.0),
+    ]
+    pool = pool_steps(windows)
+    assert (pool.windows, pool.steps, pool.timed_steps) == (3, 20, 19)
+    assert pool.observed_s == 3.0 and pool.training_s == 2.0
+    assert pool.steps_per_observed_s == pytest.approx(20 / 3)
+    assert pool.steps_per_training_s == pytest.approx(19 / 1.9) == pytest.approx(1000 / pool.step_ms_mean)
+    assert pool.data_wait_share == pytest.approx(0.39 / 1.9)
+    assert pool.gpu_share == pytest.approx((0.95 / 19) / (1.9 / 19))
+    assert pool.syncs_per_step == pytest.approx(2.0)            # over the window that counted syncs
+    assert pool.syncs_per_timed_step == pytest.approx(20 / 19)  # what the verdict rules read
+    assert pool.batches_per_step == 1.0 and pool.step_ms_max == 120.0
+    assert pool_steps([]).steps_per_observed_s is None and pool_steps([]).steps_per_training_s is None
+
+    rank = Sample(0.5, KIND_RANK, "7", {"pid": 7, "rank": 0, "state": "running"})
+    probe = report_section(windows)["ranks"][0]
+    row = ranks.report_section([rank, *windows])["ranks"][0]
+    assert probe["steps_per_s"] == row["steps_per_s"] == round(pool.steps_per_training_s, 3)
+    assert probe["data_wait_share"] == row["data_wait_share"] == round(pool.data_wait_share, 4)
+    assert "steps/s while training" in "\n".join(report_lines(report_section(windows)))
+
+    store = SampleStore()
+    store.on_samples(windows)
+    sig = build_signals(store, 3.0, window_s=10.0)
+    assert sig.get("probe.steps_per_s") == pytest.approx(pool.steps_per_observed_s)
+    assert sig.get("probe.step_ms") == pytest.approx(pool.step_ms_mean)
+    assert sig.get("probe.syncs_per_step") == pytest.approx(pool.syncs_per_timed_step)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,11 +209,13 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
 
     Per rank: its identity and life (first seen, ended, why), its GPU (NVML membership, else the
     environment's hint) and that GPU's mean SM active over the recording (from ``report["gpus"]``),
-    steps/s and data-wait share summed over all its probe windows, and its main thread's state
+    steps/s while training and data-wait share pooled over all its probe windows (the probe
+    section's numbers, gputop.derive.steps.pool_steps), and its main thread's state
     shares over every stack and kernel sample of the recording (gputop.derive.threads)."""
     rank_samples = [s for s in samples if s.kind == KIND_RANK]
     if not rank_samples:
         return None
+    from gputop.derive.steps import pool_steps
     from gputop.derive.threads import aggregate, thread_state  # heavier; only for a report
 
     by_pid: dict[int, list[Sample]] = {}
@@ -247,20 +249,10 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
         st = ((g.get("metrics") or {}).get("sm_active") or {})
         sm_mean[str(g.get("index"))] = _num(st.get("mean"))
         gpu_keys.add(str(g.get("index")))
-    steps: dict[int, list[float]] = {p: [0.0, 0.0, 0.0, 0.0, 0] for p in pids}   # steps, window s, wait s, step s, n
+    windows: dict[int, list[Sample]] = {p: [] for p in pids}
     for s in samples:
-        if s.kind != KIND_PROBE_STEP or not s.key.isdigit() or int(s.key) not in pids:
-            continue
-        acc = steps[int(s.key)]
-        n, w = _int(s.data.get("steps")), _num(s.data.get("window_s"))
-        if n is not None and w:
-            acc[0] += n
-            acc[1] += w
-            acc[4] += 1
-        wait, step_s = _num(s.data.get("data_wait_s_sum")), _num(s.data.get("step_s_sum"))
-        if wait is not None and step_s:
-            acc[2] += wait
-            acc[3] += step_s
+        if s.kind == KIND_PROBE_STEP and s.key.isdigit() and int(s.key) in pids:
+            windows[int(s.key)].append(s)
     rows = []
     for pid, ss in by_pid.items():
         last = ss[-1].data
@@ -272,7 +264,7 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
             hint = last.get("gpu_hint")
             gpu = _gpu_of_env(hint if isinstance(hint, str) else None, gpu_keys, uuids)
             gpu_from = "env" if gpu is not None else None
-        acc = steps[pid]
+        pool = pool_steps(sorted(windows[pid], key=lambda s: s.t))
         a = aggs.get((pid, pid))
         ts = thread_state(a) if a is not None else None
         rows.append({
@@ -281,9 +273,10 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
             "state": last.get("state"), "why": last.get("why"), "restart_count": _int(last.get("restart_count")),
             "first_seen_t": round(ss[0].t, 3), "ended_t": round(ended, 3) if ended is not None else None,
             "gpu": gpu, "gpu_from": gpu_from, "gpus": sorted(mem), "sm_active_mean": sm_mean.get(gpu) if gpu else None,
-            "probe_windows": acc[4],
-            "steps_per_s": round(acc[0] / acc[1], 3) if acc[1] else None,
-            "data_wait_share": round(acc[2] / acc[3], 4) if acc[3] else None,
+            "probe_windows": pool.windows,
+            # While training (1 / mean step time): the steps/s of the report's probe section.
+            "steps_per_s": _round(pool.steps_per_training_s, 3),
+            "data_wait_share": _round(pool.data_wait_share, 4),
             **{f: ts.get(f) if ts else None for f in THREAD_FIELDS},
             "thread_cpu_pct": ts.get("cpu_pct") if ts else None,
             "where": ts.get("where") if ts else None,
@@ -302,6 +295,10 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
     }
 
 
+def _round(v: float | None, nd: int) -> float | None:
+    return None if v is None else round(v, nd)
+
+
 def _pct(v) -> str:
     f = _num(v)
     return "n/a" if f is None else f"{f:.0f}%"
@@ -309,7 +306,7 @@ def _pct(v) -> str:
 
 def report_lines(sec: dict) -> list[str]:
     """Plain text of the ranks section for ``gputop report``."""
-    lines = ["Ranks (main thread shares over the whole recording; steps/s from the probe)"]
+    lines = ["Ranks (main thread shares over the whole recording; steps/s while training, from the probe)"]
     if not sec.get("available"):
         lines.append(f"  not available: {sec.get('why') or NO_RANKS}")
         return lines
@@ -331,6 +328,7 @@ def report_lines(sec: dict) -> list[str]:
                      f"{_pct(x.get('collective_pct')):>5} {_pct(x.get('running_pct')):>5} {_pct(x.get('idle_pct')):>5}  {state}")
     if any(x.get("gpu_from") == "env" for x in sec.get("ranks") or []):
         lines.append("  * GPU from the rank's environment (CUDA_VISIBLE_DEVICES / LOCAL_RANK), not seen in NVML's process list")
-    lines.append("  data = the probe's DataLoader wait share of step time (else the main thread's DataLoader "
-                 "wait from stacks); GIL/sync/coll/run/idle = the main thread's time (py-spy + kernel)")
+    lines.append("  steps/s = 1 / mean step time (as in the probe section); data = the probe's DataLoader wait share "
+                 "of step time (else the main thread's DataLoader wait from stacks); GIL/sync/coll/run/idle = the "
+                 "main thread's time (py-spy + kernel)")
     return lines

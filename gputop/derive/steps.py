@@ -1,6 +1,9 @@
-"""Training steps as the in-process probe saw them: the report's section and the panel's split.
+"""Training steps as the in-process probe saw them: the one step pool, the report's section and
+the panel's split.
 
-Pure functions over ``probe_*`` samples (gputop/sources/probe_client.py). Statistics over a
+Pure functions over ``probe_*`` samples (gputop/sources/probe_client.py). ``pool_steps`` is the
+one place that adds step windows up (the verdict signals, the Steps view, the ranks table and
+the report call it); its rates say what they divide by (``StepPool``). Statistics over a
 whole run are built from the windows' sums, never from averages of averages: mean step time is
 sum(step time) / number of timed steps; the data-wait share is sum(data wait) / sum(step time);
 percentiles come from the merged step-time histograms (1/8-octave buckets, so within ~4.5%).
@@ -9,6 +12,7 @@ percentiles come from the merged step-time histograms (1/8-octave buckets, so wi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from gputop.model import KIND_HEALTH, Sample
 from gputop.probe import wire
@@ -71,31 +75,162 @@ def step_split(data: dict) -> dict | None:
             "other_share": other / step}
 
 
-def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory: list[Sample],
-                  syncs: list[Sample]) -> dict:
-    steps = sum(int(s.get("steps") or 0) for s in windows)
-    window_s = sum(_n(s.get("window_s")) or 0.0 for s in windows)
-    # Rates over the windows in which the job was training (a step ended), not over the time it
-    # spent starting up, evaluating or waiting before or after.
-    busy_s = sum(_n(s.get("window_s")) or 0.0 for s in windows if s.get("steps"))
-    fed = [s for s in windows if s.get("batches")]
-    fed_s = sum(_n(s.get("window_s")) or 0.0 for s in fed)
-    step_n = sum(int(s.get("step_n") or 0) for s in windows)
-    step_sum = sum(_n(s.get("step_s_sum")) or 0.0 for s in windows)
-    wait_sum = sum(_n(s.get("data_wait_s_sum")) or 0.0 for s in windows if s.get("step_n"))
-    gpu_n = sum(int(s.get("gpu_n") or 0) for s in windows)
-    gpu_sum = sum(_n(s.get("gpu_s_sum")) or 0.0 for s in windows)
-    batches = sum(int(s.get("batches") or 0) for s in windows)
-    step_batches = sum(int(s.get("step_batches") or 0) for s in windows)
-    step_samples = sum(int(s.get("step_samples") or 0) for s in windows)
-    # A window whose batches had no known size has samples None: then the total is unknown too.
-    samples = None if any(s.get("batches") and s.get("samples") is None for s in windows) \
-        else sum(int(s.get("samples") or 0) for s in fed)
-    sync_windows = [s for s in windows if s.get("syncs") is not None]
-    sync_n = sum(int(s.get("syncs") or 0) for s in sync_windows)
-    sync_steps = sum(int(s.get("step_n") or 0) for s in sync_windows)
+@dataclass(frozen=True)
+class StepPool:
+    """Probe step windows pooled into sums, and the rates that follow from them, each named for
+    what it divides by. One place, so every view's "steps/s" means what its label says:
+
+    - ``steps_per_observed_s``: every step boundary / every second the probe watched (idle and
+      start-up windows included): the probe's own per-window ``steps_per_s``, the live panels.
+    - ``steps_per_training_s``: timed steps / their summed durations = 1 / mean step time: the
+      rate while training, what ``gputop report`` prints as steps/s.
+    """
+
+    windows: int = 0
+    steps: int = 0                      # step boundaries (the first of a run is not timed)
+    timed_steps: int = 0                # steps with a duration (``step_n``)
+    step_s_sum: float = 0.0
+    observed_s: float = 0.0             # Σ window_s of every window
+    training_s: float = 0.0             # Σ window_s of the windows in which a step ended
+    fed_s: float = 0.0                  # Σ window_s of the windows in which a batch was fetched
+    data_wait_s_sum: float | None = None   # None: no window timed its waits
+    gpu_n: int = 0
+    gpu_s_sum: float = 0.0
+    syncs: int | None = None            # None: no window counted syncs
+    sync_steps: int = 0                 # timed steps of the windows that counted syncs
+    batches: int = 0
+    step_batches: int | None = None     # batches fetched by the steps (None: never said)
+    step_samples: int = 0
+    samples: int | None = None          # None: some batch had no known size
+    step_hist: dict = field(default_factory=dict)   # merged 1/8-octave buckets -> count
+    step_ms_max: float | None = None
+
+    @property
+    def steps_per_observed_s(self) -> float | None:
+        return self.steps / self.observed_s if self.observed_s else None
+
+    @property
+    def steps_per_training_s(self) -> float | None:
+        return self.timed_steps / self.step_s_sum if self.step_s_sum else None
+
+    @property
+    def step_s_mean(self) -> float | None:
+        return self.step_s_sum / self.timed_steps if self.timed_steps else None
+
+    @property
+    def step_ms_mean(self) -> float | None:
+        return 1000.0 * self.step_s_sum / self.timed_steps if self.timed_steps else None
+
+    def step_ms_percentile(self, q: float) -> float | None:
+        v = hist_percentile(self.step_hist, q) if self.step_hist else None
+        return None if v is None else v * 1000
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """Σ data wait / Σ step time."""
+        if self.data_wait_s_sum is None or not self.step_s_sum:
+            return None
+        return self.data_wait_s_sum / self.step_s_sum
+
+    @property
+    def data_wait_ms_per_step(self) -> float | None:
+        if not self.timed_steps:
+            return None
+        return (self.data_wait_s_sum or 0.0) / self.timed_steps * 1000
+
+    @property
+    def gpu_ms_per_step(self) -> float | None:
+        return self.gpu_s_sum / self.gpu_n * 1000 if self.gpu_n else None
+
+    @property
+    def gpu_share(self) -> float | None:
+        """Mean GPU span of the steps timed on the GPU / mean step time."""
+        if not self.gpu_n or not self.timed_steps or not self.step_s_sum:
+            return None
+        return (self.gpu_s_sum / self.gpu_n) / (self.step_s_sum / self.timed_steps)
+
+    @property
+    def other_ms_per_step(self) -> float | None:
+        mean_s = self.step_s_mean
+        if mean_s is None:
+            return None
+        return max(0.0, mean_s * 1000 - (self.data_wait_ms_per_step or 0.0) - (self.gpu_ms_per_step or 0.0))
+
+    @property
+    def syncs_per_step(self) -> float | None:
+        """Syncs / timed steps of the windows that counted syncs."""
+        return self.syncs / self.sync_steps if self.sync_steps else None
+
+    @property
+    def syncs_per_timed_step(self) -> float | None:
+        """Syncs / every timed step, windows without counting adding steps but no syncs: lower
+        than ``syncs_per_step`` while counting was off for part of the pool. What the verdict
+        rules read (``probe.syncs_per_step``), kept so that their findings do not move."""
+        return self.syncs / self.timed_steps if (self.syncs is not None and self.timed_steps) else None
+
+    @property
+    def batches_per_step(self) -> float | None:
+        return self.step_batches / self.steps if (self.steps and self.step_batches is not None) else None
+
+    @property
+    def batches_per_s(self) -> float | None:
+        """Batches per step × steps per training second; per second of the windows that fetched
+        batches when no step said how many it fetched."""
+        if self.step_s_sum and self.steps and self.step_batches:
+            return self.step_batches / self.steps * self.timed_steps / self.step_s_sum
+        return self.batches / self.fed_s if self.fed_s else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Like ``batches_per_s``, in samples; None when some batch had no known size."""
+        if self.samples is None:
+            return None
+        if self.step_s_sum and self.steps and self.step_samples:
+            return self.step_samples / self.steps * self.timed_steps / self.step_s_sum
+        return self.samples / self.fed_s if self.fed_s else None
+
+
+def pool_steps(windows) -> StepPool:
+    """Pool ``probe_step`` window samples (in time order) into a StepPool, from the windows'
+    sums. The one place that adds windows up: signals, the Steps view, the ranks table and the
+    report all read these numbers."""
+    windows = list(windows)
+    steps = timed = gpu_n = batches = step_samples = sync_steps = 0
+    step_s = observed = fed = gpu_s = 0.0
+    training: float = 0   # stays the int 0 without a training window, as the report's JSON has said
+    wait: float | None = None
+    syncs: int | None = None
+    step_batches: int | None = None
+    samples: int | None = 0
     hist: dict[int, int] = {}
+    step_max: float | None = None
     for s in windows:
+        n = int(s.get("step_n") or 0)
+        w = _n(s.get("window_s")) or 0.0
+        steps += int(s.get("steps") or 0)
+        timed += n
+        step_s += _n(s.get("step_s_sum")) or 0.0
+        observed += w
+        if s.get("steps"):
+            training += w
+        if s.get("batches"):
+            fed += w
+            if s.get("samples") is None:
+                samples = None
+            elif samples is not None:
+                samples += int(s.get("samples") or 0)
+        dw = _n(s.get("data_wait_s_sum"))
+        if dw is not None:
+            wait = dw if wait is None else wait + dw
+        gpu_n += int(s.get("gpu_n") or 0)
+        gpu_s += _n(s.get("gpu_s_sum")) or 0.0
+        if s.get("syncs") is not None:
+            syncs = (syncs or 0) + int(s.get("syncs") or 0)
+            sync_steps += n
+        batches += int(s.get("batches") or 0)
+        if s.get("step_batches") is not None:
+            step_batches = (step_batches or 0) + int(s.get("step_batches") or 0)
+        step_samples += int(s.get("step_samples") or 0)
         h = s.get("step_hist")
         if isinstance(h, dict):
             for b, c in h.items():
@@ -103,48 +238,54 @@ def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory
                     hist[int(b)] = hist.get(int(b), 0) + int(c)
                 except (TypeError, ValueError):
                     continue
-    maxes = [_n(s.get("step_ms_max")) for s in windows if _n(s.get("step_ms_max")) is not None]
-    mean_s = step_sum / step_n if step_n else None
-    gpu_ms = gpu_sum / gpu_n * 1000 if gpu_n else None
-    wait_ms = wait_sum / step_n * 1000 if step_n else None
+        mx = _n(s.get("step_ms_max"))
+        if mx is not None and (step_max is None or mx > step_max):
+            step_max = mx
+    return StepPool(windows=len(windows), steps=steps, timed_steps=timed, step_s_sum=step_s, observed_s=observed,
+                    training_s=training, fed_s=fed, data_wait_s_sum=wait, gpu_n=gpu_n, gpu_s_sum=gpu_s,
+                    syncs=syncs, sync_steps=sync_steps, batches=batches, step_batches=step_batches,
+                    step_samples=step_samples, samples=samples, step_hist=hist, step_ms_max=step_max)
+
+
+def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory: list[Sample],
+                  syncs: list[Sample]) -> dict:
+    pool = pool_steps(windows)
     last = windows[-1].data if windows else {}
     cfg = configs[-1].data if configs else {}
     out: dict = {
         "pid": key,
         "rank": last.get("rank") if last.get("rank") is not None else cfg.get("rank"),
-        "windows": len(windows),
-        "observed_s": _r(window_s),
-        "steps": steps,
+        "windows": pool.windows,
+        "observed_s": _r(pool.observed_s),
+        "steps": pool.steps,
         "step_total_at_end": last.get("step_total"),
         "step_source": cfg.get("step_source"),
-        "training_s": _r(busy_s),
+        # Rates over the windows in which the job was training (a step ended), not over the time it
+        # spent starting up, evaluating or waiting before or after.
+        "training_s": _r(pool.training_s),
         # While training: timed steps over their summed durations (consecutive boundaries, so
-        # exactly the time from the first to the last step).
-        "steps_per_s": _r(step_n / step_sum) if step_sum else None,
+        # exactly the time from the first to the last step) = 1 / mean step time.
+        "steps_per_s": _r(pool.steps_per_training_s),
         "step_ms": {
-            "n": step_n,
-            "mean": _r(mean_s * 1000) if mean_s is not None else None,
-            "p50": _r(hist_percentile(hist, 50) * 1000) if hist else None,
-            "p90": _r(hist_percentile(hist, 90) * 1000) if hist else None,
-            "p99": _r(hist_percentile(hist, 99) * 1000) if hist else None,
-            "max": _r(max(maxes)) if maxes else None,
+            "n": pool.timed_steps,
+            "mean": _r(pool.step_ms_mean),
+            "p50": _r(pool.step_ms_percentile(50)),
+            "p90": _r(pool.step_ms_percentile(90)),
+            "p99": _r(pool.step_ms_percentile(99)),
+            "max": _r(pool.step_ms_max),
         },
-        "data_wait_ms_per_step": _r(wait_ms),
-        "data_wait_share": _r(wait_sum / step_sum, 4) if step_sum else None,
-        "gpu_ms_per_step": _r(gpu_ms),
-        "gpu_steps_timed": gpu_n,
-        "gpu_info": None if gpu_n else off_reason(cfg, "cuda_events"),
-        "other_ms_per_step": (_r(max(0.0, mean_s * 1000 - (wait_ms or 0.0) - (gpu_ms or 0.0)))
-                              if mean_s is not None else None),
-        "batches": batches,
-        "batches_per_s": (_r(step_batches / steps * step_n / step_sum) if (step_sum and steps and step_batches)
-                          else _r(batches / fed_s) if fed_s else None),
-        "samples": samples,
-        "samples_per_s": (None if samples is None else
-                          _r(step_samples / steps * step_n / step_sum) if (step_sum and steps and step_samples)
-                          else _r(samples / fed_s) if fed_s else None),
-        "syncs_per_step": _r(sync_n / sync_steps) if sync_steps else None,
-        "sync_info": None if sync_windows else off_reason(cfg, "syncs"),
+        "data_wait_ms_per_step": _r(pool.data_wait_ms_per_step),
+        "data_wait_share": _r(pool.data_wait_share, 4),
+        "gpu_ms_per_step": _r(pool.gpu_ms_per_step),
+        "gpu_steps_timed": pool.gpu_n,
+        "gpu_info": None if pool.gpu_n else off_reason(cfg, "cuda_events"),
+        "other_ms_per_step": _r(pool.other_ms_per_step),
+        "batches": pool.batches,
+        "batches_per_s": _r(pool.batches_per_s),
+        "samples": pool.samples,
+        "samples_per_s": _r(pool.samples_per_s),
+        "syncs_per_step": _r(pool.syncs_per_step),
+        "sync_info": None if pool.syncs is not None else off_reason(cfg, "syncs"),
         "sync_lines": list(syncs[-1].get("lines") or [])[:5] if syncs else [],
     }
     if memory:
@@ -220,7 +361,8 @@ def report_lines(section: dict) -> list[str]:
         if not r["steps"]:
             out.append(f"{who}: no steps in this recording")
             continue
-        out.append(f"{who}: {r['steps']} steps, {_fmt(r['steps_per_s'], '/s', 2)}; step mean {_fmt(sm['mean'], ' ms')}, "
+        out.append(f"{who}: {r['steps']} steps, {_fmt(r['steps_per_s'], ' steps/s', 2)} while training; "
+                   f"step mean {_fmt(sm['mean'], ' ms')}, "
                    f"p50 {_fmt(sm['p50'], ' ms')}, p90 {_fmt(sm['p90'], ' ms')}, max {_fmt(sm['max'], ' ms')}")
         wait = r["data_wait_share"]
         gpu = (f"GPU {_fmt(r['gpu_ms_per_step'], ' ms')}" if r["gpu_ms_per_step"] is not None

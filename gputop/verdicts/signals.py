@@ -15,6 +15,10 @@ import math
 from dataclasses import dataclass, field
 
 from gputop.derive.stats import is_number
+from gputop.derive.steps import pool_steps
+from gputop.derive.threads import KIND_THREAD_STATE
+from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
+from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
 
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
 
@@ -77,8 +81,8 @@ def _window(store, kind, since):
 
 
 def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = None) -> None:
-    infos = store.latest_of_kind("gpu_info")
-    series = _window(store, "gpu", since)
+    infos = store.latest_of_kind(KIND_GPU_INFO)
+    series = _window(store, KIND_GPU, since)
     if not series:
         return
     # The GPUs to judge: one rank's, else those the target uses, else those the user chose,
@@ -118,7 +122,7 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
 
 
 def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> None:
-    system = _window(store, "system", since).get("host", [])
+    system = _window(store, KIND_SYSTEM, since).get("host", [])
     if system:
         sig.have.add("host")
         sig.set("host.cpu_pct", _mean(s.get("cpu_pct") for s in system))
@@ -142,7 +146,7 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
             sig.have.add("psi")
             sig.set("host.psi_mem_some_pct", _mean(psi))
             sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
-    procs = _window(store, "proc", since)
+    procs = _window(store, KIND_PROC, since)
     workers = []
     for pid, samples in procs.items():
         role = samples[-1].get("role")
@@ -159,7 +163,7 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
 
 
 def _stack_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
-    states = store.latest_of_kind("thread_state")
+    states = store.latest_of_kind(KIND_THREAD_STATE)
     if not states:
         return
     fresh = {k: s for k, s in states.items() if s.t >= since}
@@ -182,40 +186,33 @@ def _stack_signals(store, since: float, sig: Signals, pid: str | None = None) ->
 
 
 def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
-    steps = _window(store, "probe_step", since)
+    steps = _window(store, KIND_PROBE_STEP, since)
     if pid is not None:
         steps = {k: v for k, v in steps.items() if k == pid}
     if not steps:
         return
     # One process: the rank asked for, else the busiest-reporting probe.
     key, samples = max(steps.items(), key=lambda kv: len(kv[1]))
-    step_sum = sum(s.get("step_s_sum") or 0.0 for s in samples)
-    n = sum(s.get("step_n") or 0 for s in samples)
-    if n == 0 or step_sum <= 0:
-        sig.have.add("probe")
-        sig.set("probe.steps_per_s", 0.0)
-        return
+    pool = pool_steps(samples)
     sig.have.add("probe")
-    span = sum(s.get("window_s") or 0.0 for s in samples)
-    sig.set("probe.steps_per_s", n / span if span else None)
-    sig.set("probe.step_ms", 1000.0 * step_sum / n)
-    wait = [s.get("data_wait_s_sum") for s in samples if is_number(s.get("data_wait_s_sum"))]
-    sig.set("probe.data_wait_share", sum(wait) / step_sum if wait else None)
-    gpu_n = sum(s.get("gpu_n") or 0 for s in samples)
-    gpu_sum = sum(s.get("gpu_s_sum") or 0.0 for s in samples)
-    sig.set("probe.gpu_share", (gpu_sum / gpu_n) / (step_sum / n) if gpu_n else None)
-    syncs = [s.get("syncs") for s in samples if is_number(s.get("syncs"))]
-    sig.set("probe.syncs_per_step", sum(syncs) / n if syncs else None)
-    cfg = store.latest("probe_config", key)
+    # Every step per observed second: the probe's own per-window steps/s, over the window.
+    sig.set("probe.steps_per_s", pool.steps_per_observed_s)
+    if pool.timed_steps == 0 or pool.step_s_sum <= 0:
+        return
+    sig.set("probe.step_ms", pool.step_ms_mean)
+    sig.set("probe.data_wait_share", pool.data_wait_share)
+    sig.set("probe.gpu_share", pool.gpu_share)
+    sig.set("probe.syncs_per_step", pool.syncs_per_timed_step)
+    cfg = store.latest(KIND_PROBE_CONFIG, key)
     if cfg is not None:
         sig.facts["probe_config"] = dict(cfg.data)
-    sync = store.latest("probe_sync", key)
+    sync = store.latest(KIND_PROBE_SYNC, key)
     if sync is not None and sync.get("lines"):
         sig.facts["sync_top"] = sync.get("lines")[0]
 
 
 def _pending(store, sig: Signals) -> None:
-    health = store.latest_of_kind("health")
+    health = store.latest_of_kind(KIND_HEALTH)
     stacks = health.get("stacks")
     if "stacks" not in sig.have and stacks is not None and stacks.get("state") in ("ok", "degraded"):
         sig.pending.add("stacks")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from gputop.model import Sample
-from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_PRIMARY
+from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
 
 
 def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, interval_s: float = 1.0) -> dict:
@@ -41,7 +41,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
                 primary_first.setdefault(pid, s.t)
                 if first_verdict_t is None:
                     first_verdict_t = s.t
-        elif s.kind == "verdict_change":
+        elif s.kind == KIND_VERDICT_CHANGE:
             timeline.append({"t": round(s.t - t_start, 1), "id": s.key, "active": s.get("active"),
                              "title": s.get("title")})
     verdicts = {}

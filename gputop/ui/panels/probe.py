@@ -17,7 +17,7 @@ import os
 
 from rich.text import Text
 
-from gputop.derive.steps import off_reason, step_split
+from gputop.derive.steps import off_reason, pool_steps, step_split
 from gputop.model import MetricSpec
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
@@ -271,7 +271,8 @@ class StepsPanel(TextPanel):
             t.append(" · ")
             t.append(f"other {_ms(split['other_ms'])}", style=STYLE_OTHER)
         t.append("\n")
-        bps = round(d.get("step_batches") / d.get("steps"), 2) if (d.get("steps") and d.get("step_batches") is not None) else None
+        per_step = pool_steps([w]).batches_per_step
+        bps = None if per_step is None else round(per_step, 2)
         samples = _rate(d.get("samples_per_s")) + "/s" if d.get("samples_per_s") is not None else "n/a (batch size unknown)"
         t.append(f"batches {_rate(d.get('batches_per_s'))}/s  samples {samples}")
         if bps is not None:

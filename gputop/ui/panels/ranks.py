@@ -25,7 +25,7 @@ STYLE_LABEL, STYLE_WARN, STYLE_DIM = "bold", "yellow", "dim"
 
 METRICS = [
     MetricSpec("rank", "sm_active", "%", "SM act", "SM active of the rank's GPU (the whole GPU: ranks sharing it show the same)"),
-    MetricSpec("rank", "steps_per_s", "/s", "steps/s", "training steps per second of the rank (in-process probe)"),
+    MetricSpec("rank", "steps_per_s", "/s", "steps/s", "training steps per second of the rank: steps per observed second of its newest probe window (in-process probe)"),
     MetricSpec("rank", "data_wait", "%", "data", "share of the rank's step time blocked on its DataLoader (probe; else its main thread's DataLoader wait from stacks)"),
     MetricSpec("rank", "gil_pct", "%", "GIL", "share of the rank's main thread's last 10 s waiting for the GIL"),
     MetricSpec("rank", "cuda_pct", "%", "sync", "share of the rank's main thread's last 10 s waiting for the GPU (synchronize, .item())"),
