@@ -132,3 +132,113 @@ def is_dataloader_worker(frames: list, stack: list[int]) -> bool:
             if path.endswith("torch/utils/data/_utils/worker.py") and name.rpartition(".")[2] == "_worker_loop":
                 return True
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The time budget and the phases read two more tables. They do not change ``classify`` (the
+# thread states), only how the budget names a moment of the main thread.
+
+IO = "io"
+# File I/O by the frames on the stack (any frame): writing or reading checkpoints, arrays,
+# logs. Serialising a checkpoint is mostly CPU work (pickling, copying tensors to the host), so
+# these frames name the moment "I/O" whatever the kernel says the thread was doing.
+IO_RULES: tuple[FrameRule, ...] = (
+    _f(IO, "torch/serialization.py", "", why="torch.save / torch.load"),
+    _f(IO, "safetensors/torch.py", "", why="safetensors"),
+    _f(IO, "numpy/lib/npyio.py", "", why="numpy save/load"),
+    _f(IO, "numpy/lib/_npyio_impl.py", "", why="numpy save/load"),
+    _f(IO, "numpy/lib/format.py", "", why="numpy .npy I/O"),
+    _f(IO, "shutil.py", "copyfile copyfileobj copy copy2 copytree move rmtree", why="shutil file copy"),
+    _f(IO, "logging/__init__.py", "emit flush", why="logging handler writing"),
+    _f(IO, "transformers/trainer.py", "_save_checkpoint save_model _save _save_optimizer_and_scheduler",
+       why="Trainer checkpoint"),
+    _f(IO, "lightning/pytorch/trainer/connectors/checkpoint_connector.py", "", why="Lightning checkpoint"),
+    _f(IO, "lightning/fabric/plugins/io/torch_io.py", "", why="Lightning checkpoint"),
+)
+IO_LINE = re.compile(r"\.(write|writelines|flush)\(|\bos\.fsync\(|\bjson\.dump\(|\bpickle\.dump\(")
+
+# Phase hints. A moment of the main thread inside any of these frames says which phase the job
+# is in; the phase tracker (gputop.derive.phases) turns them into phases over time.
+TRAIN, EVAL, CHECKPOINT = "train", "eval", "checkpoint"
+IMPORT, LOAD, BUILD, COMPILE, CUDA_INIT, DATA_START = "import", "load", "build", "compile", "cuda_init", "data_start"
+STARTUP_PARTS = (IMPORT, LOAD, BUILD, COMPILE, CUDA_INIT, DATA_START)
+STARTUP_LABELS = {IMPORT: "importing", LOAD: "loading weights", BUILD: "building the model", COMPILE: "compiling",
+                  CUDA_INIT: "starting CUDA", DATA_START: "starting DataLoader workers", "other": "other"}
+
+PHASE_RULES: tuple[FrameRule, ...] = (
+    # training: a backward pass or an optimizer step is on the stack (plain loops, HF, Lightning)
+    _f(TRAIN, "torch/autograd/__init__.py", "backward"),
+    _f(TRAIN, "torch/_tensor.py", "backward"),
+    _f(TRAIN, "torch/autograd/graph.py", "_engine_run_backward"),
+    _f(TRAIN, "torch/optim/optimizer.py", ""),
+    _f(TRAIN, "transformers/trainer.py", "training_step _inner_training_loop"),
+    _f(TRAIN, "accelerate/accelerator.py", "backward"),
+    _f(TRAIN, "lightning/pytorch/loops/training_epoch_loop.py", ""),
+    _f(TRAIN, "lightning/pytorch/loops/optimization/automatic.py", ""),
+    # evaluation
+    _f(EVAL, "transformers/trainer.py", "evaluate evaluation_loop prediction_step predict"),
+    _f(EVAL, "lightning/pytorch/loops/evaluation_loop.py", ""),
+    _f(EVAL, "lightning/pytorch/loops/prediction_loop.py", ""),
+    # checkpointing
+    _f(CHECKPOINT, "torch/serialization.py", "save _save"),
+    _f(CHECKPOINT, "safetensors/torch.py", "save save_file save_model"),
+    _f(CHECKPOINT, "transformers/trainer.py", "_save_checkpoint save_model"),
+    _f(CHECKPOINT, "lightning/pytorch/trainer/connectors/checkpoint_connector.py", ""),
+    # start-up
+    _f(LOAD, "torch/serialization.py", "load _load"),
+    _f(LOAD, "safetensors/torch.py", "load load_file"),
+    _f(LOAD, "transformers/modeling_utils.py", "from_pretrained _load_pretrained_model load_state_dict"),
+    _f(COMPILE, "torch/_dynamo/eval_frame.py", ""),
+    _f(COMPILE, "torch/_inductor/compile_fx.py", ""),
+    _f(CUDA_INIT, "torch/cuda/__init__.py", "_lazy_init init"),
+    _f(DATA_START, "torch/utils/data/dataloader.py", "__iter__ _get_iterator"),
+    _f(BUILD, "torch/nn/modules/module.py", "__init__"),
+    _f(BUILD, "torch/nn/init.py", ""),
+    _f(BUILD, "transformers/modeling_utils.py", "post_init init_weights _init_weights"),
+)
+# user functions whose names say what they are, in any file
+PHASE_NAMES = {EVAL: frozenset("evaluate evaluation eval_epoch eval_loop run_eval validate validation "
+                               "validation_step validation_loop test_step predict_step".split()),
+               CHECKPOINT: frozenset("save_checkpoint save_model checkpoint save_state".split()),
+               TRAIN: frozenset("training_step train_step".split())}
+PHASE_PRIORITY = (CHECKPOINT, EVAL, TRAIN, LOAD, COMPILE, CUDA_INIT, DATA_START, BUILD, IMPORT)
+
+
+def is_import_frame(name: str, path: str) -> bool:
+    return path.startswith("<frozen importlib") or path.endswith("importlib/__init__.py")
+
+
+def io_why(frames: list, stack: list[int], leaf_code: str | None) -> str | None:
+    """Why this stack is file I/O, or None."""
+    for i in stack:
+        if 0 <= i < len(frames):
+            name, path = frames[i][0], frames[i][1]
+            for rule in IO_RULES:
+                if rule.matches(name, path):
+                    return rule.why
+    if leaf_code and IO_LINE.search(leaf_code):
+        return "a file write"
+    return None
+
+
+def phase_hint(frames: list, stack: list[int]) -> str | None:
+    """The phase this stack says the job is in (TRAIN, EVAL, CHECKPOINT or a start-up part), or
+    None when it says nothing (data loading, sleeping and the like happen in every phase)."""
+    found: set[str] = set()
+    for i in stack:
+        if not (0 <= i < len(frames)):
+            continue
+        name, path = frames[i][0], frames[i][1]
+        short = name.rpartition(".")[2]
+        for hint, names in PHASE_NAMES.items():
+            if short in names:
+                found.add(hint)
+        for rule in PHASE_RULES:
+            if rule.category not in found and rule.matches(name, path):
+                found.add(rule.category)
+        if IMPORT not in found and is_import_frame(name, path):
+            found.add(IMPORT)
+    for hint in PHASE_PRIORITY:
+        if hint in found:
+            return hint
+    return None
