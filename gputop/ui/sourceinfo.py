@@ -14,6 +14,10 @@ from gputop.model import MetricSpec
 from gputop.sources import METRIC_MODULES, module_specs
 from gputop.sources.nvml_fields import CLOCK_EVENT_WORDS
 
+# The probe's fields are explained by the Steps panel (gputop/ui/panels/probe.py), which names
+# the ones it shows; the rest of them are served to Prometheus only.
+PANEL_DESCRIBED = ("gputop.sources.probe_fields",)
+
 
 def _specs(name: str) -> tuple[list[MetricSpec], str | None]:
     """The module's METRICS (none when it does not exist), or a problem as text."""
@@ -34,7 +38,7 @@ class MetricHelp:
 def collect_metric_specs(extra: list[MetricSpec] | None = None) -> MetricHelp:
     out = MetricHelp()
     seen: set[tuple[str, str]] = set()
-    for name in METRIC_MODULES:
+    for name in (m for m in METRIC_MODULES if m not in PANEL_DESCRIBED):
         specs, problem = _specs(name)
         if problem:
             out.problems.append(problem)

@@ -31,8 +31,11 @@ STYLE_WAIT, STYLE_GPU, STYLE_OTHER = "yellow", "green", "cyan"
 STYLE_BAD, STYLE_DIM, STYLE_LABEL = "bold red", "dim", "bold"
 STYLE_WARN_DIM = "yellow"
 
-# The probe_step fields' help: one home, the catalogue (gputop/sources/probe_fields.py).
-METRICS = [m for m in PROBE_METRICS if m.kind == KIND_PROBE_STEP]
+# The probe_step fields this panel shows; their help is in the catalogue (sources/probe_fields.py).
+SHOWN_FIELDS = ("steps_per_s", "step_ms_mean", "data_wait_share", "gpu_ms_mean", "other_ms", "batches_per_s",
+                "samples_per_s", "syncs_per_step")
+_BY_FIELD = {m.field: m for m in PROBE_METRICS if m.kind == KIND_PROBE_STEP}
+METRICS = [_BY_FIELD[f] for f in SHOWN_FIELDS]
 
 
 def _ms(v) -> str:
