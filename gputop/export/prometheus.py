@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
