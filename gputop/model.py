@@ -11,7 +11,7 @@ must survive a round trip through a recording unchanged. ``None`` always means "
 never stands in for zero; where a value is missing for a known reason, the source says the
 reason in a ``*_info`` sample (see ``SourceHealth`` and docs/metrics.md).
 
-This module does no I/O and imports nothing from the rest of gputop.
+This module does no I/O and imports nothing from the rest of gputop but the catalogue.
 """
 
 from __future__ import annotations
@@ -20,19 +20,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
-Value = Any  # None | bool | int | float | str | list | dict, JSON-compatible
+# Sample kinds and MetricSpec live in gputop/catalogue.py (one home); re-exported here because
+# every layer already imports them from the model.
+from gputop.catalogue import (  # noqa: F401
+    KIND_EVENT, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
+    KIND_TARGET, KIND_THREAD, MetricSpec,
+)
 
-# Sample kinds. Each source owns its kinds; docs/metrics.md lists every field.
-KIND_GPU = "gpu"                # NVML fast counters for one GPU, key = GPU index
-KIND_GPU_INFO = "gpu_info"      # static facts + unsupported fields (with reasons), key = index
-KIND_GPU_PROCS = "gpu_procs"    # GPU memory of each target-tree process on one GPU
-KIND_SYSTEM = "system"          # host-wide CPU / memory / swap / cgroup, key = "host"
-KIND_PROC = "proc"              # one process of the target tree, key = PID
-KIND_PROC_INFO = "proc_info"    # once per newly seen process: name, cmdline, role, key = PID
-KIND_THREAD = "thread"          # one thread of the target's main process, key = "PID:TID"
-KIND_TARGET = "target"          # the target's identity and life: started / exited
-KIND_HEALTH = "health"          # one source's health, key = source name
-KIND_EVENT = "event"            # something happened (a note for the timeline), key = source
+Value = Any  # None | bool | int | float | str | list | dict, JSON-compatible
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +78,6 @@ class Source(Protocol):
     def describe(self) -> dict:
         """Static facts for the recording's metadata (GPU names, driver, nominal rates...)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """What one number means: shown in the help screen, the report and docs/metrics.md."""
-
-    kind: str
-    field: str
-    unit: str          # "%", "B", "B/s", "MiB/s", "W", "MHz", "C", "/s", "" ...
-    label: str         # short column/row label
-    help: str          # one line, for the help screen
-    aggregate: bool = True  # include in report statistics (mean/p50/p95/max)
 
 
 def clean_float(x: Value, ndigits: int = 3) -> float | None:

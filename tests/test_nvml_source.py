@@ -174,9 +174,9 @@ def test_every_clock_event_bit_matches_pynvml_and_has_words():
     assert by_name["hw_power_brake"] == nv.nvmlClocksEventReasonHwPowerBrakeSlowdown
     assert CLOCK_EVENT_WORDS["sw_power_cap"] == "power cap (software)"
     assert CLOCK_EVENT_WORDS["hw_thermal"] == "thermal slowdown (hardware)"
-    # The UI's built-in names (used before this module loads) are the names we publish.
-    from gputop.ui.sourceinfo import FALLBACK_CLOCK_EVENT_WORDS
-    assert set(FALLBACK_CLOCK_EVENT_WORDS) <= set(CLOCK_EVENT_WORDS)
+    # The UI words them from the same table (no pynvml needed there).
+    from gputop.ui.sourceinfo import clock_event_words
+    assert clock_event_words() == CLOCK_EVENT_WORDS
 
 
 @pytest.mark.parametrize("exc, reason, permanent", [

@@ -30,9 +30,7 @@ from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROC, Sam
 from gputop.session.store import SampleStore
 from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
-KIND_THREAD_STATE = "thread_state"    # gputop/derive/threads.py (not imported: keep this light)
-KIND_PROBE_STEP = "probe_step"        # gputop/sources/probe_client.py
-KIND_STACKS, KIND_THREAD_KERNEL = "stacks", "thread_kernel"
+from gputop.catalogue import KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_THREAD_STATE
 
 FRESH_S = {KIND_GPU: 3.0, KIND_GPU_PROCS: 5.0, KIND_PROBE_STEP: 5.0, KIND_THREAD_STATE: 12.0, KIND_PROC: 3.0}
 THREAD_FIELDS = ("running_pct", "gil_pct", "data_pct", "cuda_pct", "collective_pct", "idle_pct", "cpu_wait_pct",

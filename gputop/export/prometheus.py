@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -30,13 +29,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 import gputop
-from gputop.derive.threads import KIND_THREAD_STATE, STATES, STATE_LABELS
-from gputop.model import (HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS,
-                          KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET, KIND_THREAD)
-from gputop.sources.nvml import CLOCK_EVENT_BITS, GPM_FIELDS, MIB
-from gputop.sources.probe_client import (KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP,
-                                         KIND_PROBE_SYNC)
-from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_PRIMARY
+from gputop.catalogue import (KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY,
+                              KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_PROC, KIND_PROC_INFO, KIND_RANK, KIND_SYSTEM,
+                              KIND_TARGET, KIND_THREAD, KIND_THREAD_STATE, KIND_VERDICT, KIND_VERDICT_PRIMARY,
+                              MetricSpec)
+from gputop.derive.threads import STATES, STATE_LABELS
+from gputop.model import HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_HEALTH
+from gputop.sources import metric_specs
+from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, GPM_FIELDS
 from gputop.verdicts.registry import VERDICT_IDS
 
 DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics name processes
@@ -44,7 +44,6 @@ DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use
 PREFIX = "gputop_"
 STALE_S = 5.0                # a series not refreshed for this long is gone (sources send every <= 2 s)
 GPM_MAX_AGE_S = 2.0          # newest non-None GPM value, at most this much older than its series
-KIND_RANK = "rank"           # key = PID, field "rank": the distributed rank of a process (when known)
 MAX_PARENT_HOPS = 16         # a process without its own rank inherits its nearest ancestor's
 
 
@@ -53,204 +52,15 @@ class ExporterError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# What each sample field becomes
-
-
-@dataclass(frozen=True)
-class Field:
-    field: str          # the sample's field (docs/metrics.md)
-    name: str           # metric name without the gputop_ prefix
-    scale: float        # exported value = sample value x scale (to Prometheus base units)
-    help: str
-    dcgm: str = ""      # the DCGM field for the same quantity, or how it differs
-
-
-def _same(name: str, fid: int, note: str = "") -> str:
-    return f"same quantity as {name} (field {fid}){note}"
-
+# What each sample field becomes: the catalogue's MetricSpecs with a Prometheus name (``prom``),
+# scaled to base units by their unit (gputop.catalogue.UNIT_SCALE). The rest of this module is
+# the fields that are not one family each: labels, clock events, GPU processes, thread states,
+# verdicts, health.
 
 PCT = 0.01
-MS = 0.001
-MHZ = 1e6
-
-GPU_FIELDS = (
-    Field("util_gpu", "gpu_utilization_ratio", PCT,
-          "Share of the driver's sample period during which any kernel ran (NVML utilization.gpu), 0-1; "
-          "1 even with a single busy SM: use gputop_gpu_sm_active_ratio for how busy the SMs are.",
-          _same("DCGM_FI_DEV_GPU_UTIL", 203, ", which DCGM reports in percent")),
-    Field("util_mem", "gpu_memory_utilization_ratio", PCT,
-          "Share of time device memory was read or written (NVML utilization.memory), 0-1; not bandwidth.",
-          _same("DCGM_FI_DEV_MEM_COPY_UTIL", 204, ", which DCGM reports in percent")),
-    Field("mem_used", "gpu_memory_used_bytes", 1,
-          "Device memory in use by all processes, in bytes (NVML memory info v2: driver-reserved memory excluded).",
-          "compare with DCGM_FI_DEV_FB_USED (field 252), in MiB; DCGM versions differ in whether reserved "
-          "memory counts as used (here it never does: gputop_gpu_memory_reserved_bytes)"),
-    Field("mem_total", "gpu_memory_total_bytes", 1, "Device memory size, in bytes.",
-          _same("DCGM_FI_DEV_FB_TOTAL", 250, ", which DCGM reports in MiB")),
-    Field("mem_reserved", "gpu_memory_reserved_bytes", 1,
-          "Device memory reserved by the driver and firmware, never usable by programs, in bytes.",
-          _same("DCGM_FI_DEV_FB_RESERVED", 253, ", which DCGM reports in MiB")),
-    Field("power_w", "gpu_power_watts", 1,
-          "Board power draw in watts (NVML power usage: a 1 s average on Ampere and newer).",
-          _same("DCGM_FI_DEV_POWER_USAGE", 155)),
-    Field("power_limit_w", "gpu_power_limit_watts", 1,
-          "Enforced power limit in watts; clocks drop when the draw reaches it.",
-          _same("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 164)),
-    Field("clock_sm_mhz", "gpu_sm_clock_hertz", MHZ, "Current SM clock, in hertz.",
-          _same("DCGM_FI_DEV_SM_CLOCK", 100, ", which DCGM reports in MHz")),
-    Field("clock_mem_mhz", "gpu_memory_clock_hertz", MHZ, "Current memory clock, in hertz.",
-          _same("DCGM_FI_DEV_MEM_CLOCK", 101, ", which DCGM reports in MHz")),
-    Field("temp_c", "gpu_temperature_celsius", 1, "GPU die temperature, in degrees Celsius.",
-          _same("DCGM_FI_DEV_GPU_TEMP", 150)),
-    Field("clock_events_mask", "gpu_clock_events_mask", 1,
-          "Raw NVML clock-event (throttle) reason bits now; gputop_gpu_clock_event has them one by one.",
-          _same("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 112, " (formerly DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)")),
-)
 
 # GPM fields: read on about 60% of GPU samples (>= 100 ms apart), so the newest non-None value.
-GPM_EXPORT = (
-    Field("sm_active", "gpu_sm_active_ratio", PCT,
-          "GPM: share of time warps were resident on the SMs, averaged over all SMs, 0-1; the honest 'how busy'.",
-          _same("DCGM_FI_PROF_SM_ACTIVE", 1002)),
-    Field("sm_occupancy", "gpu_sm_occupancy_ratio", PCT,
-          "GPM: resident warps relative to the maximum, 0-1; higher is not always better.",
-          _same("DCGM_FI_PROF_SM_OCCUPANCY", 1003)),
-    Field("tensor_active", "gpu_tensor_active_ratio", PCT,
-          "GPM: tensor-core pipe activity (any precision), 0-1.",
-          _same("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1004)),
-    Field("dram_bw", "gpu_dram_active_ratio", PCT,
-          "GPM: DRAM bandwidth used relative to the theoretical peak, 0-1 (~0.87 is the practical maximum on H200).",
-          _same("DCGM_FI_PROF_DRAM_ACTIVE", 1005)),
-    Field("gr_active", "gpu_gr_engine_active_ratio", PCT,
-          "GPM: share of time the graphics/compute engine was busy, 0-1.",
-          _same("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001)),
-    Field("pcie_tx_mibs", "gpu_pcie_tx_bytes_per_second", MIB,
-          "PCIe traffic GPU -> host in bytes per second, headers included (GPM; without GPM a 20 ms NVML "
-          "snapshot about once a second).",
-          _same("DCGM_FI_PROF_PCIE_TX_BYTES", 1009, " where GPM is used")),
-    Field("pcie_rx_mibs", "gpu_pcie_rx_bytes_per_second", MIB,
-          "PCIe traffic host -> GPU in bytes per second, headers included (GPM; without GPM a 20 ms NVML "
-          "snapshot about once a second).",
-          _same("DCGM_FI_PROF_PCIE_RX_BYTES", 1010, " where GPM is used")),
-    Field("nvlink_tx_mibs", "gpu_nvlink_tx_bytes_per_second", MIB,
-          "GPM: NVLink data sent over all links in bytes per second, payload only.",
-          _same("DCGM_FI_PROF_NVLINK_TX_BYTES", 1011)),
-    Field("nvlink_rx_mibs", "gpu_nvlink_rx_bytes_per_second", MIB,
-          "GPM: NVLink data received over all links in bytes per second, payload only.",
-          _same("DCGM_FI_PROF_NVLINK_RX_BYTES", 1012)),
-    Field("gpm_window_s", "gpu_gpm_window_seconds", 1,
-          "The time the GPM values above average over, in seconds (>= 0.1)."),
-)
-assert {f.field for f in GPM_EXPORT} == {*GPM_FIELDS, "gpm_window_s"}, "a GPM field without an export"
-
-SYSTEM_FIELDS = (
-    Field("cpu_pct", "host_cpu_utilization_ratio", PCT, "Busy share of all cores of the host, 0-1 (/proc/stat)."),
-    Field("cpu_iowait_pct", "host_cpu_iowait_ratio", PCT, "Share of all cores idle while waiting for disk I/O, 0-1."),
-    Field("cpu_steal_pct", "host_cpu_steal_ratio", PCT,
-          "Share of all cores taken by the hypervisor for other guests, 0-1."),
-    Field("cpu_count", "host_cpus", 1, "Logical CPUs of the host."),
-    Field("load1", "host_load1", 1, "1-minute load average (runnable + uninterruptible tasks)."),
-    Field("mem_total", "host_memory_total_bytes", 1, "Physical memory of the host, in bytes."),
-    Field("mem_available", "host_memory_available_bytes", 1,
-          "Memory available for new work without swapping (MemAvailable), in bytes."),
-    Field("swap_total", "host_swap_total_bytes", 1, "Swap space of the host, in bytes."),
-    Field("swap_used", "host_swap_used_bytes", 1, "Swap space in use, in bytes."),
-    Field("swap_in_bps", "host_swap_in_bytes_per_second", 1, "Bytes read back from swap per second."),
-    Field("swap_out_bps", "host_swap_out_bytes_per_second", 1, "Bytes written to swap per second."),
-    Field("psi_mem_some_pct", "host_pressure_memory_some_ratio", PCT,
-          "Share of time some task was stalled waiting for memory, 0-1 (/proc/pressure/memory)."),
-    Field("psi_mem_full_pct", "host_pressure_memory_full_ratio", PCT,
-          "Share of time all non-idle tasks were stalled on memory at once, 0-1."),
-    Field("psi_io_some_pct", "host_pressure_io_some_ratio", PCT,
-          "Share of time some task was stalled waiting for I/O, 0-1 (/proc/pressure/io)."),
-    Field("psi_cpu_some_pct", "host_pressure_cpu_some_ratio", PCT,
-          "Share of time some runnable task waited for a CPU, 0-1 (/proc/pressure/cpu)."),
-    Field("cgroup_cpu_limit", "cgroup_cpu_limit_cores", 1,
-          "CPU quota of the target's cgroup in cores (quota / period); absent when unlimited."),
-    Field("cgroup_throttled_pct", "cgroup_cpu_throttled_periods_ratio", PCT,
-          "Share of the cgroup's CFS periods in which it hit its CPU quota, 0-1."),
-    Field("cgroup_throttled_ms_per_s", "cgroup_cpu_throttled_seconds_per_second", MS,
-          "Time the cgroup's tasks spent paused by the CPU quota, seconds per second."),
-    Field("cgroup_mem_limit", "cgroup_memory_limit_bytes", 1,
-          "Memory limit of the target's cgroup (tightest of its ancestors), in bytes; absent when unlimited."),
-    Field("cgroup_mem_used", "cgroup_memory_used_bytes", 1,
-          "Memory charged to the target's cgroup, page cache included, in bytes."),
-)
-
-PROC_FIELDS = (
-    Field("cpu_pct", "process_cpu_seconds_per_second", PCT,
-          "CPU time of the process per wall second, user + system (1 = one core busy)."),
-    Field("user_pct", "process_cpu_user_seconds_per_second", PCT, "User-mode CPU time of the process per second."),
-    Field("sys_pct", "process_cpu_system_seconds_per_second", PCT, "Kernel-mode CPU time of the process per second."),
-    Field("cpu_wait_pct", "process_runqueue_wait_seconds_per_second", PCT,
-          "Time the process's threads were ready to run but waited for a CPU, seconds per second (schedstat)."),
-    Field("rss", "process_resident_memory_bytes", 1, "Resident memory of the process, in bytes."),
-    Field("threads", "process_threads", 1, "Number of threads of the process."),
-    Field("majflt_ps", "process_major_page_faults_per_second", 1,
-          "Page faults per second that had to read from disk or swap."),
-    Field("ctx_vol_ps", "process_voluntary_context_switches_per_second", 1,
-          "Voluntary context switches per second, all threads (blocking: I/O, locks, the GIL, sleeps)."),
-    Field("ctx_invol_ps", "process_involuntary_context_switches_per_second", 1,
-          "Involuntary context switches per second, all threads (preempted)."),
-    Field("io_read_bps", "process_disk_read_bytes_per_second", 1,
-          "Bytes the process caused to be read from storage per second (/proc/PID/io read_bytes)."),
-    Field("io_write_bps", "process_disk_write_bytes_per_second", 1,
-          "Bytes the process caused to be written to storage per second (write_bytes)."),
-    Field("io_rchar_bps", "process_read_syscall_bytes_per_second", 1,
-          "Bytes returned by read-like syscalls per second, page cache, pipes and sockets included (rchar)."),
-    Field("io_wchar_bps", "process_write_syscall_bytes_per_second", 1,
-          "Bytes passed to write-like syscalls per second (wchar)."),
-)
-
-THREAD_FIELDS = (
-    Field("cpu_pct", "thread_cpu_seconds_per_second", PCT, "CPU time of the thread per wall second (1 = one core)."),
-    Field("user_pct", "thread_cpu_user_seconds_per_second", PCT, "User-mode CPU time of the thread per second."),
-    Field("sys_pct", "thread_cpu_system_seconds_per_second", PCT, "Kernel-mode CPU time of the thread per second."),
-    Field("cpu_wait_pct", "thread_runqueue_wait_seconds_per_second", PCT,
-          "Time the thread was ready to run but waited for a CPU, seconds per second."),
-    Field("ctx_vol_ps", "thread_voluntary_context_switches_per_second", 1,
-          "Voluntary context switches of the thread per second."),
-    Field("ctx_invol_ps", "thread_involuntary_context_switches_per_second", 1,
-          "Involuntary context switches of the thread per second."),
-)
-
-PROBE_STEP_FIELDS = (
-    Field("steps_per_s", "probe_steps_per_second", 1, "Training steps per second over the probe's last window (~1 s)."),
-    Field("step_ms_mean", "probe_step_seconds_mean", MS, "Mean wall time of a step in the last window, in seconds."),
-    Field("step_ms_p50", "probe_step_seconds_p50", MS, "Median step time in the last window, in seconds."),
-    Field("step_ms_max", "probe_step_seconds_max", MS, "Longest step in the last window, in seconds."),
-    Field("data_wait_ms", "probe_data_wait_seconds_per_step", MS,
-          "Time per step the loop waited for the DataLoader (blocked in next()), in seconds."),
-    Field("data_wait_share", "probe_data_wait_ratio", 1, "Share of step time spent waiting for data, 0-1."),
-    Field("gpu_ms_mean", "probe_gpu_seconds_per_step", MS,
-          "GPU time span per step on the current CUDA stream (CUDA events), in seconds."),
-    Field("other_ms", "probe_other_seconds_per_step", MS,
-          "Step time neither waiting for data nor covered by GPU time (Python, launches), in seconds."),
-    Field("batches_per_s", "probe_batches_per_second", 1, "DataLoader batches handed to the loop per second."),
-    Field("samples_per_s", "probe_samples_per_second", 1, "Samples (leading batch dimension) per second."),
-    Field("syncs_per_step", "probe_implicit_syncs_per_step", 1,
-          "Implicit host-device synchronisations per step (torch's sync debug mode)."),
-    Field("dropped", "probe_dropped_steps", 1, "Steps lost from the probe's bounded buffer in the last window."),
-    Field("probe_cpu_pct", "probe_thread_cpu_seconds_per_second", PCT,
-          "CPU time of the probe's own thread in the training process, seconds per second."),
-    Field("window_s", "probe_window_seconds", 1, "Length of the probe's last window, in seconds."),
-)
-PROBE_STEP_COUNTERS = (
-    Field("step_total", "probe_steps", 1, "Steps since the probe loaded in the process."),
-    Field("batch_total", "probe_batches", 1, "DataLoader batches since the probe loaded."),
-    Field("sample_total", "probe_samples", 1, "Samples since the probe loaded."),
-)
-PROBE_MEMORY_FIELDS = (
-    Field("allocated", "probe_cuda_memory_allocated_bytes", 1, "CUDA caching allocator: memory allocated now, in bytes."),
-    Field("reserved", "probe_cuda_memory_reserved_bytes", 1, "CUDA caching allocator: memory reserved now, in bytes."),
-    Field("peak_allocated", "probe_cuda_memory_peak_allocated_bytes", 1,
-          "Peak allocated memory since the process started (or its last reset_peak_memory_stats), in bytes."),
-    Field("peak_reserved", "probe_cuda_memory_peak_reserved_bytes", 1, "Peak reserved memory, in bytes."),
-)
-PROBE_MEMORY_COUNTERS = (
-    Field("alloc_retries", "probe_cuda_alloc_retries", 1, "cudaMalloc retries after freeing cached memory."),
-    Field("ooms", "probe_cuda_ooms", 1, "CUDA out-of-memory errors the allocator raised."),
-)
+GPM_LATEST = frozenset({*GPM_FIELDS, "gpm_window_s"})
 
 # Fields of the sources' METRICS (gputop.sources.metric_specs()) that are not numbers to plot.
 NOT_EXPORTED = {
@@ -260,23 +70,34 @@ NOT_EXPORTED = {
     ("thread_kernel", "threads"): "kernel wait counts: served through gputop_thread_state_ratio",
 }
 
+# thread_state fields: one family with a "state" label (and the CPU share), built in _threads.
+THREAD_STATE_FIELDS = {**{f"{s}_pct": "thread_state_ratio" for s in STATES},
+                       "cpu_pct": "thread_state_cpu_seconds_per_second"}
+
+_exported_by_kind: dict[str, list[MetricSpec]] | None = None
+
+
+def exported_specs(kind: str) -> list[MetricSpec]:
+    """The catalogue's fields of ``kind`` that are one family each, in catalogue order."""
+    global _exported_by_kind
+    if _exported_by_kind is None:
+        by_kind: dict[str, list[MetricSpec]] = {}
+        for m in metric_specs():
+            if m.prom and m.kind != KIND_THREAD_STATE:
+                by_kind.setdefault(m.kind, []).append(m)
+        _exported_by_kind = by_kind
+    return _exported_by_kind.get(kind, [])
+
+
+def _family_name(m: MetricSpec) -> str:
+    return PREFIX + m.prom + ("_total" if m.counter else "")
+
 
 def exported_fields() -> dict[tuple[str, str], str]:
     """(kind, field) -> metric name, for every sample field this module serves (tests, docs)."""
-    out = {}
-    for kind, table in ((KIND_GPU, GPU_FIELDS), (KIND_GPU, GPM_EXPORT), (KIND_SYSTEM, SYSTEM_FIELDS),
-                        (KIND_PROC, PROC_FIELDS), (KIND_THREAD, THREAD_FIELDS),
-                        (KIND_PROBE_STEP, PROBE_STEP_FIELDS), (KIND_PROBE_MEMORY, PROBE_MEMORY_FIELDS)):
-        for f in table:
-            out[(kind, f.field)] = PREFIX + f.name
-    for kind, table in ((KIND_PROBE_STEP, PROBE_STEP_COUNTERS), (KIND_PROBE_MEMORY, PROBE_MEMORY_COUNTERS)):
-        for f in table:
-            out[(kind, f.field)] = PREFIX + f.name + "_total"
-    out[(KIND_GPU_PROCS, "other_count")] = PREFIX + "gpu_other_processes"
-    out[(KIND_GPU_PROCS, "other_mem")] = PREFIX + "gpu_other_processes_memory_bytes"
-    for s in STATES:
-        out[(KIND_THREAD_STATE, f"{s}_pct")] = PREFIX + "thread_state_ratio"
-    out[(KIND_THREAD_STATE, "cpu_pct")] = PREFIX + "thread_state_cpu_seconds_per_second"
+    out = {(m.kind, m.field): _family_name(m) for m in metric_specs() if m.prom and m.kind != KIND_THREAD_STATE}
+    for field, name in THREAD_STATE_FIELDS.items():
+        out[(KIND_THREAD_STATE, field)] = PREFIX + name
     return out
 
 
@@ -284,9 +105,15 @@ def exported_fields() -> dict[tuple[str, str], str]:
 # Building the families from a store
 
 
-def _help(f: Field, kind: str) -> str:
-    dcgm = f" DCGM: {f.dcgm}." if f.dcgm else ""
-    return f"{f.help}{dcgm} (gputop {kind}.{f.field})"
+def _help(m: MetricSpec) -> str:
+    dcgm = f" DCGM: {m.dcgm}." if m.dcgm else ""
+    return f"{m.prom_help}{dcgm} (gputop {m.kind}.{m.field})"
+
+
+def _add_fields(fams: "_Families", kind: str, labels: dict[str, str], data) -> None:
+    """One series per exported field of ``kind``, from a sample's data."""
+    for m in exported_specs(kind):
+        fams.add(m.prom, _help(m), labels, data.get(m.field), m.scale, counter=m.counter)
 
 
 def _num(v) -> float | None:
@@ -413,14 +240,15 @@ def _gpu(fams: _Families, store, now: float, host: str, rank) -> None:
         if not _fresh(s, now):
             continue
         lab = labels(idx)
-        for f in GPU_FIELDS:
-            fams.add(f.name, _help(f, KIND_GPU), lab, s.data.get(f.field), f.scale)
-        for f in GPM_EXPORT:
-            v = store.latest_value(KIND_GPU, idx, f.field, max_age_s=GPM_MAX_AGE_S)
-            fams.add(f.name, _help(f, KIND_GPU), lab, v, f.scale)
+        for m in exported_specs(KIND_GPU):
+            if m.field in GPM_LATEST:
+                v = store.latest_value(KIND_GPU, idx, m.field, max_age_s=GPM_MAX_AGE_S)
+            else:
+                v = s.data.get(m.field)
+            fams.add(m.prom, _help(m), lab, v, m.scale)
         events = s.data.get("clock_events")
         if isinstance(events, list):
-            for _bit, reason in CLOCK_EVENT_BITS:
+            for reason in CLOCK_EVENT_NAMES:
                 fams.add("gpu_clock_event",
                          "1 while this reason holds the clocks below their maximum (NVML clock-event reasons), "
                          "for every known reason. DCGM: the bits of DCGM_FI_DEV_CLOCKS_EVENT_REASONS (field 112).",
@@ -442,18 +270,14 @@ def _gpu(fams: _Families, store, now: float, host: str, rank) -> None:
                          "Share of time a kernel of this process ran on this GPU (NVML process utilization "
                          "smUtil, time-based like gputop_gpu_utilization_ratio), 0-1. (gputop gpu_procs.procs[pid].sm_pct)",
                          plab, p.get("sm_pct"), PCT)
-        fams.add("gpu_other_processes", "Compute processes on this GPU outside the target's tree (another job "
-                 "sharing it). (gputop gpu_procs.other_count)", lab, s.data.get("other_count"))
-        fams.add("gpu_other_processes_memory_bytes", "GPU memory of the processes outside the target's tree, "
-                 "in bytes. (gputop gpu_procs.other_mem)", lab, s.data.get("other_mem"))
+        _add_fields(fams, KIND_GPU_PROCS, lab, s.data)
 
 
 def _system(fams: _Families, store, now: float, host: str) -> None:
     for _key, s in store.latest_of_kind(KIND_SYSTEM).items():
         if not _fresh(s, now):
             continue
-        for f in SYSTEM_FIELDS:
-            fams.add(f.name, _help(f, KIND_SYSTEM), {"host": host}, s.data.get(f.field), f.scale)
+        _add_fields(fams, KIND_SYSTEM, {"host": host}, s.data)
 
 
 def _procs(fams: _Families, store, now: float, host: str, rank) -> None:
@@ -461,8 +285,7 @@ def _procs(fams: _Families, store, now: float, host: str, rank) -> None:
         if not _fresh(s, now):
             continue
         lab = {"host": host, "pid": pid, "rank": rank(pid), "role": str(s.data.get("role") or "")}
-        for f in PROC_FIELDS:
-            fams.add(f.name, _help(f, KIND_PROC), lab, s.data.get(f.field), f.scale)
+        _add_fields(fams, KIND_PROC, lab, s.data)
 
 
 THREAD_STATE_HELP = ("Share of the last ~10 s a thread of the target spent in each state, 0-1 (py-spy frames + "
@@ -476,8 +299,7 @@ def _threads(fams: _Families, store, now: float, host: str, rank) -> None:
             continue
         pid, _, tid = key.partition(":")
         lab = {"host": host, "pid": pid, "tid": tid, "thread": str(s.data.get("name") or ""), "rank": rank(pid)}
-        for f in THREAD_FIELDS:
-            fams.add(f.name, _help(f, KIND_THREAD), lab, s.data.get(f.field), f.scale)
+        _add_fields(fams, KIND_THREAD, lab, s.data)
     states = store.latest_of_kind(KIND_THREAD_STATE)
     newest = max((s.t for s in states.values()), default=None)
     for key, s in states.items():
@@ -501,23 +323,16 @@ def _probe(fams: _Families, store, now: float, host: str, rank) -> None:
         if not _fresh(s, now):
             continue
         lab = {"host": host, "pid": pid, "rank": rank(pid)}
-        for f in PROBE_STEP_FIELDS:
-            fams.add(f.name, _help(f, KIND_PROBE_STEP), lab, s.data.get(f.field), f.scale)
-        for f in PROBE_STEP_COUNTERS:
-            fams.add(f.name, _help(f, KIND_PROBE_STEP), lab, s.data.get(f.field), f.scale, counter=True)
+        _add_fields(fams, KIND_PROBE_STEP, lab, s.data)
         sync = store.latest(KIND_PROBE_SYNC, pid)  # sent on change only: valid while the probe reports
         if sync is not None:
-            fams.add("probe_implicit_syncs", "Implicit host-device synchronisations since the probe loaded "
-                     "(torch's sync debug mode). (gputop probe_sync.total)", lab, sync.data.get("total"), counter=True)
+            _add_fields(fams, KIND_PROBE_SYNC, lab, sync.data)
     for pid, s in store.latest_of_kind(KIND_PROBE_MEMORY).items():
         if not _fresh(s, now):
             continue
         dev = s.data.get("device")
         lab = {"host": host, "pid": pid, "rank": rank(pid), "cuda_device": "" if dev is None else str(dev)}
-        for f in PROBE_MEMORY_FIELDS:
-            fams.add(f.name, _help(f, KIND_PROBE_MEMORY), lab, s.data.get(f.field), f.scale)
-        for f in PROBE_MEMORY_COUNTERS:
-            fams.add(f.name, _help(f, KIND_PROBE_MEMORY), lab, s.data.get(f.field), f.scale, counter=True)
+        _add_fields(fams, KIND_PROBE_MEMORY, lab, s.data)
 
 
 def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, meta: dict) -> None:

@@ -5,22 +5,46 @@ Importing this package must not need textual (a test enforces it).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
-# Modules that may export ``METRICS: list[MetricSpec]``. A new source adds its module here.
-SOURCE_MODULES = ("gputop.sources.nvml", "gputop.sources.host", "gputop.sources.stacks",
-                  "gputop.sources.probe_client")
+# Modules that export ``METRICS: list[MetricSpec]``, the fields the sources publish. A new source
+# adds its module here. The modules named import without pynvml (nvml_fields, probe_fields:
+# the tables of nvml.py and probe_client.py, which need pynvml and psutil).
+SOURCE_MODULES = ("gputop.sources.nvml_fields", "gputop.sources.host", "gputop.sources.stacks",
+                  "gputop.sources.probe_fields")
+
+# And the processors' fields (imported by name, only when asked: a source never needs derive/).
+METRIC_MODULES = SOURCE_MODULES + ("gputop.derive.threads",)
+
+# Prometheus names for METRICS declared without them: module -> its table's module.
+_PROMETHEUS_TABLES = {"gputop.sources.host": "gputop.sources.host_fields"}
+
+
+def import_optional(name: str):
+    """The module, or None when that module itself does not exist (a source not part of this
+    build). Any other import error is raised."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            return None
+        raise
+
+
+def module_specs(name: str) -> list:
+    """One module's METRICS, with the Prometheus names its table adds (see _PROMETHEUS_TABLES)."""
+    mod = import_optional(name)
+    specs = list(getattr(mod, "METRICS", None) or []) if mod is not None else []
+    table_mod = _PROMETHEUS_TABLES.get(name)
+    if table_mod:
+        table = importlib.import_module(table_mod).PROMETHEUS
+        specs = [dataclasses.replace(m, prom=table[(m.kind, m.field)][0], prom_help=table[(m.kind, m.field)][1])
+                 if (m.kind, m.field) in table and not m.prom else m for m in specs]
+    return specs
 
 
 def metric_specs() -> list:
-    """Every MetricSpec the sources declare (for the help screen, the report and the docs)."""
-    specs = []
-    for name in SOURCE_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that source is not part of this build
-                continue
-            raise
-        specs.extend(getattr(mod, "METRICS", []))
-    return specs
+    """Every MetricSpec the sources and processors declare (for the help screen, the report, the
+    exporter and the docs), in METRIC_MODULES order."""
+    return [m for name in METRIC_MODULES for m in module_specs(name)]

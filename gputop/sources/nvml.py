@@ -35,7 +35,11 @@ from typing import Any, Callable
 
 from gputop.model import (
     HEALTH_DEGRADED, HEALTH_FAILED, HEALTH_OK, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH,
-    MetricSpec, Sample, clean_float, health_data,
+    Sample, clean_float, health_data,
+)
+from gputop.sources.nvml_fields import (  # noqa: F401  (re-exported: importers of the source's names)
+    CLOCK_EVENT_REASONS, CLOCK_EVENT_WORDS, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, GPU_FIELDS, METRICS, MIB,
+    NVLINK_FIELDS, PCIE_FIELDS,
 )
 
 try:
@@ -59,63 +63,18 @@ JITTER_CAP = 4.0
 HEALTH_EVERY_S = 5.0          # a health sample at least this often, so the store never loses it
 INFO_MIN_GAP_S = 1.0          # gpu_info re-emitted on change, at most this often per GPU
 STOP_JOIN_S = 2.0             # stop() waits this long for the threads
-MIB = 1024 * 1024
 
 NO_DRIVER_TAIL = "GPU panels are off; host and Python panels still work"
 
 
 # ---------------------------------------------------------------------------------------------
-# What we publish
-
-# GPM metrics: our field -> name of the pynvml constant (IDs from nvml.h; see docs/metrics.md).
-GPM_METRICS: tuple[tuple[str, str], ...] = (
-    ("sm_active", "NVML_GPM_METRIC_SM_UTIL"),                   # 2
-    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"),           # 3
-    ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),       # 5
-    ("dram_bw", "NVML_GPM_METRIC_DRAM_BW_UTIL"),                # 10
-    ("gr_active", "NVML_GPM_METRIC_GRAPHICS_UTIL"),             # 1
-    ("pcie_tx_mibs", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),        # 20
-    ("pcie_rx_mibs", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"),        # 21
-    ("nvlink_tx_mibs", "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC"),  # 61
-    ("nvlink_rx_mibs", "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC"),  # 60
-)
-GPM_FIELDS = tuple(f for f, _ in GPM_METRICS)
-PCIE_FIELDS = ("pcie_tx_mibs", "pcie_rx_mibs")
-NVLINK_FIELDS = ("nvlink_tx_mibs", "nvlink_rx_mibs")
-GPM_PERCENT_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw", "gr_active")
-
-# Every field of a "gpu" sample, in order.
-GPU_FIELDS = (
-    "util_gpu", "util_mem", "mem_used", "mem_total", "mem_reserved", "power_w", "power_limit_w",
-    "clock_sm_mhz", "clock_mem_mhz", "temp_c", "clock_events", "clock_events_mask",
-    *GPM_FIELDS, "gpm_window_s",
-)
-
-# Clock-event ("throttle") reason bits: (pynvml constant, fallback value, our name, words).
-# The names are what "gpu" samples carry in clock_events; CLOCK_EVENT_WORDS is what the UI shows.
-# 0x200/0x400 exist only as nvmlClocksThrottleReason* in pynvml (not in nvml.h API 13).
-_CLOCK_EVENT_BITS = (
-    ("nvmlClocksEventReasonGpuIdle", 0x1, "gpu_idle", "idle (no work)"),
-    ("nvmlClocksEventReasonApplicationsClocksSetting", 0x2, "applications_clocks_setting",
-     "application clocks setting"),
-    ("nvmlClocksEventReasonSwPowerCap", 0x4, "sw_power_cap", "power cap (software)"),
-    ("nvmlClocksEventReasonHwSlowdown", 0x8, "hw_slowdown", "hardware slowdown (thermal or power brake)"),
-    ("nvmlClocksEventReasonSyncBoost", 0x10, "sync_boost", "sync boost (held to a group's clocks)"),
-    ("nvmlClocksEventReasonSwThermalSlowdown", 0x20, "sw_thermal", "thermal slowdown (software)"),
-    ("nvmlClocksEventReasonHwThermalSlowdown", 0x40, "hw_thermal", "thermal slowdown (hardware)"),
-    ("nvmlClocksEventReasonHwPowerBrakeSlowdown", 0x80, "hw_power_brake", "power brake (hardware)"),
-    ("nvmlClocksEventReasonDisplayClockSetting", 0x100, "display_clocks", "display clock setting"),
-    ("nvmlClocksThrottleReasonBoardLimit", 0x200, "board_limit", "board limit"),
-    ("nvmlClocksThrottleReasonReliability", 0x400, "reliability", "reliability limit"),
-)
-
+# What we publish: the fields and clock-event reasons are in nvml_fields.py (no pynvml needed).
 
 def _bit(const: str, fallback: int) -> int:
     return int(getattr(nv, const, fallback)) if nv is not None else fallback
 
 
-CLOCK_EVENT_BITS: tuple[tuple[int, str], ...] = tuple((_bit(c, v), name) for c, v, name, _ in _CLOCK_EVENT_BITS)
-CLOCK_EVENT_WORDS: dict[str, str] = {name: words for _, _, name, words in _CLOCK_EVENT_BITS}
+CLOCK_EVENT_BITS: tuple[tuple[int, str], ...] = tuple((_bit(c, v), name) for c, v, name, _ in CLOCK_EVENT_REASONS)
 
 
 def decode_clock_events(mask: int | None) -> list[str] | None:
@@ -138,42 +97,6 @@ def decode_clock_events(mask: int | None) -> list[str] | None:
             rest &= ~b
         b <<= 1
     return names
-
-
-def _spec(field: str, unit: str, label: str, help: str, kind: str = KIND_GPU, aggregate: bool = True) -> MetricSpec:
-    return MetricSpec(kind=kind, field=field, unit=unit, label=label, help=help, aggregate=aggregate)
-
-
-METRICS: list[MetricSpec] = [
-    _spec("util_gpu", "%", "GPU util", "time a kernel was running (any kernel, even 1 SM): not how busy the SMs are"),
-    _spec("util_mem", "%", "mem util", "time device memory was being read or written (NVML)"),
-    _spec("mem_used", "B", "mem used", "device memory in use (NVML memory info v2, excludes reserved)"),
-    _spec("mem_total", "B", "mem total", "device memory size", aggregate=False),
-    _spec("mem_reserved", "B", "mem reserved", "memory the driver reserves for itself", aggregate=False),
-    _spec("power_w", "W", "power", "board power draw (a 1 s average on Ampere and newer)"),
-    _spec("power_limit_w", "W", "power limit", "enforced power limit; clocks drop when power reaches it", aggregate=False),
-    _spec("clock_sm_mhz", "MHz", "SM clock", "current SM clock"),
-    _spec("clock_mem_mhz", "MHz", "mem clock", "current memory clock"),
-    _spec("temp_c", "C", "temp", "GPU temperature"),
-    _spec("clock_events", "", "clock events", "why clocks are below maximum now (power cap, thermal, idle...)", aggregate=False),
-    _spec("clock_events_mask", "", "clock events mask", "raw NVML clock-event reason bits", aggregate=False),
-    _spec("sm_active", "%", "SM active", "GPM: share of SMs with work, over time (DCGM SM_ACTIVE); the honest busy number"),
-    _spec("sm_occupancy", "%", "SM occupancy", "GPM: resident warps vs the maximum; higher is not always better"),
-    _spec("tensor_active", "%", "tensor active", "GPM: tensor-core pipe activity (any precision)"),
-    _spec("dram_bw", "%", "DRAM bw", "GPM: DRAM bandwidth used vs theoretical; ~87% is the practical max on H200"),
-    _spec("gr_active", "%", "GR active", "GPM: time the graphics/compute engine was busy"),
-    _spec("pcie_tx_mibs", "MiB/s", "PCIe TX", "GPU -> host over PCIe, headers included (GPM; ~1 Hz snapshot without GPM)"),
-    _spec("pcie_rx_mibs", "MiB/s", "PCIe RX", "host -> GPU over PCIe, headers included (GPM; ~1 Hz snapshot without GPM)"),
-    _spec("nvlink_tx_mibs", "MiB/s", "NVLink TX", "GPM: NVLink data sent, all links, payload only"),
-    _spec("nvlink_rx_mibs", "MiB/s", "NVLink RX", "GPM: NVLink data received, all links, payload only"),
-    _spec("gpm_window_s", "s", "GPM window", "the time the GPM values of this sample average over (>= 0.1 s)", aggregate=False),
-    _spec("procs", "", "GPU processes", "per process of the target tree: GPU memory (B) and SM % (time-based, like util_gpu)",
-          kind=KIND_GPU_PROCS, aggregate=False),
-    _spec("other_count", "", "other procs", "compute processes on this GPU outside the target tree",
-          kind=KIND_GPU_PROCS, aggregate=False),
-    _spec("other_mem", "B", "other procs mem", "GPU memory of processes outside the target tree",
-          kind=KIND_GPU_PROCS, aggregate=False),
-]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,54 +1,32 @@
-"""What the UI learns from the source modules themselves: metric help and clock-event words.
+"""What the UI learns from the catalogue: metric help and clock-event words.
 
-Each source module may export ``METRICS: list[MetricSpec]`` (shown by the help screen) and the
-NVML source exports ``CLOCK_EVENT_WORDS`` (NVML clock-event names in words). A module that does
-not exist (a source not written yet, or left out of an install) is skipped: the UI must start
-with whatever sources there are.
+The modules of ``gputop.sources.METRIC_MODULES`` export ``METRICS: list[MetricSpec]`` (shown by
+the help screen); gputop/sources/nvml_fields.py has the NVML clock-event names in words. A module
+that does not exist (a source left out of an install) is skipped, and one that fails to import is
+reported as text: the UI must start with whatever sources there are.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 from gputop.model import MetricSpec
+from gputop.sources import METRIC_MODULES, module_specs
+from gputop.sources.nvml_fields import CLOCK_EVENT_WORDS
 
-# The modules that may describe their samples. A new source adds itself here (one line) or
-# panels carry their own METRICS (see gputop/ui/panels/__init__.py).
-METRIC_MODULES = (
-    "gputop.sources.nvml",
-    "gputop.sources.host",
-    "gputop.sources.stacks",
-    "gputop.sources.probe_client",
-    "gputop.derive.threads",
-    "gputop.verdicts",
-)
-
-# Used until gputop.sources.nvml says otherwise. Names follow NVML's
-# nvmlClocksEventReasons (the "throttle reasons" of older drivers).
-FALLBACK_CLOCK_EVENT_WORDS = {
-    "gpu_idle": "idle",
-    "applications_clocks_setting": "application clock setting",
-    "sw_power_cap": "power cap (software)",
-    "hw_slowdown": "hardware slowdown",
-    "sync_boost": "sync boost",
-    "sw_thermal": "thermal (software)",
-    "hw_thermal": "thermal (hardware)",
-    "hw_power_brake": "power brake (hardware)",
-    "display_clocks": "display clock setting",
-}
+# The probe's fields are explained by the Steps panel (gputop/ui/panels/probe.py), which names
+# the ones it shows; the rest of them are served to Prometheus only.
+PANEL_DESCRIBED = ("gputop.sources.probe_fields",)
 
 
-def _import(name: str):
-    """The module, or None when it does not exist. Any other failure is reported as text."""
+def _specs(name: str) -> tuple[list[MetricSpec], str | None]:
+    """The module's METRICS (none when it does not exist), or a problem as text."""
     try:
-        return importlib.import_module(name), None
-    except ModuleNotFoundError as e:
-        if e.name and (name == e.name or name.startswith(e.name + ".")):
-            return None, None  # the module itself is missing: not written or not installed
-        return None, f"{name}: {e}"
+        return module_specs(name), None
     except Exception as e:  # a half-written module must not stop the UI
-        return None, f"{name}: {type(e).__name__}: {e}"
+        if isinstance(e, ModuleNotFoundError):
+            return [], f"{name}: {e}"
+        return [], f"{name}: {type(e).__name__}: {e}"
 
 
 @dataclass
@@ -60,11 +38,11 @@ class MetricHelp:
 def collect_metric_specs(extra: list[MetricSpec] | None = None) -> MetricHelp:
     out = MetricHelp()
     seen: set[tuple[str, str]] = set()
-    for name in METRIC_MODULES:
-        mod, problem = _import(name)
+    for name in (m for m in METRIC_MODULES if m not in PANEL_DESCRIBED):
+        specs, problem = _specs(name)
         if problem:
             out.problems.append(problem)
-        for spec in (getattr(mod, "METRICS", None) or []) if mod else []:
+        for spec in specs:
             if isinstance(spec, MetricSpec) and (spec.kind, spec.field) not in seen:
                 seen.add((spec.kind, spec.field))
                 out.specs.append(spec)
@@ -75,19 +53,8 @@ def collect_metric_specs(extra: list[MetricSpec] | None = None) -> MetricHelp:
     return out
 
 
-_words: dict[str, str] | None = None
-
-
 def clock_event_words() -> dict[str, str]:
-    global _words
-    if _words is None:
-        words = dict(FALLBACK_CLOCK_EVENT_WORDS)
-        mod, _ = _import("gputop.sources.nvml")
-        got = getattr(mod, "CLOCK_EVENT_WORDS", None) if mod else None
-        if isinstance(got, dict):
-            words.update({str(k): str(v) for k, v in got.items()})
-        _words = words
-    return _words
+    return CLOCK_EVENT_WORDS
 
 
 def clock_events_text(events) -> str:

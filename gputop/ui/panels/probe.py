@@ -18,7 +18,8 @@ import os
 from rich.text import Text
 
 from gputop.derive.steps import off_reason, pool_steps, step_split
-from gputop.model import MetricSpec
+from gputop.catalogue import KIND_PROBE_STEP
+from gputop.sources.probe_fields import METRICS as PROBE_METRICS
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
@@ -30,16 +31,11 @@ STYLE_WAIT, STYLE_GPU, STYLE_OTHER = "yellow", "green", "cyan"
 STYLE_BAD, STYLE_DIM, STYLE_LABEL = "bold red", "dim", "bold"
 STYLE_WARN_DIM = "yellow"
 
-METRICS = [
-    MetricSpec("probe_step", "steps_per_s", "/s", "steps/s", "training steps per second (optimizer steps or gputop.probe.step())"),
-    MetricSpec("probe_step", "step_ms_mean", "ms", "step", "wall time between step boundaries, mean over the window"),
-    MetricSpec("probe_step", "data_wait_share", "", "data wait", "share of step time blocked in next() on a DataLoader"),
-    MetricSpec("probe_step", "gpu_ms_mean", "ms", "GPU", "span on the CUDA stream from the step's first batch to its end (CUDA events)"),
-    MetricSpec("probe_step", "other_ms", "ms", "other", "step time minus data wait minus GPU time: host work the GPU did not cover"),
-    MetricSpec("probe_step", "batches_per_s", "/s", "batches/s", "DataLoader batches handed to the loop per second"),
-    MetricSpec("probe_step", "samples_per_s", "/s", "samples/s", "samples per second (leading dimension of each batch)"),
-    MetricSpec("probe_step", "syncs_per_step", "", "syncs/step", "implicit device syncs per step (CUDA sync debug mode)"),
-]
+# The probe_step fields this panel shows; their help is in the catalogue (sources/probe_fields.py).
+SHOWN_FIELDS = ("steps_per_s", "step_ms_mean", "data_wait_share", "gpu_ms_mean", "other_ms", "batches_per_s",
+                "samples_per_s", "syncs_per_step")
+_BY_FIELD = {m.field: m for m in PROBE_METRICS if m.kind == KIND_PROBE_STEP}
+METRICS = [_BY_FIELD[f] for f in SHOWN_FIELDS]
 
 
 def _ms(v) -> str:

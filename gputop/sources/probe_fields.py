@@ -1,0 +1,81 @@
+"""What the probe client publishes from the in-process probe: the numeric fields of its samples.
+
+Kept apart from gputop/sources/probe_client.py (which needs psutil) so that the exporter, the UI
+and the docs test can read them. docs/metrics.md ("In-process probe") says how each is measured.
+"""
+
+from __future__ import annotations
+
+from gputop.catalogue import KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC, MetricSpec
+
+
+def _spec(kind: str, field: str, unit: str, label: str, help: str, prom: str, prom_help: str,
+          counter: bool = False) -> MetricSpec:
+    return MetricSpec(kind=kind, field=field, unit=unit, label=label, help=help, aggregate=not counter,
+                      prom=prom, prom_help=prom_help, counter=counter)
+
+
+def _step(*args, **kw) -> MetricSpec:
+    return _spec(KIND_PROBE_STEP, *args, **kw)
+
+
+def _memory(*args, **kw) -> MetricSpec:
+    return _spec(KIND_PROBE_MEMORY, *args, **kw)
+
+
+METRICS: list[MetricSpec] = [
+    _step("steps_per_s", "/s", "steps/s", "training steps per second (optimizer steps or gputop.probe.step())",
+          "probe_steps_per_second", "Training steps per second over the probe's last window (~1 s)."),
+    _step("step_ms_mean", "ms", "step", "wall time between step boundaries, mean over the window",
+          "probe_step_seconds_mean", "Mean wall time of a step in the last window, in seconds."),
+    _step("step_ms_p50", "ms", "step p50", "median wall time between step boundaries in the window",
+          "probe_step_seconds_p50", "Median step time in the last window, in seconds."),
+    _step("step_ms_max", "ms", "step max", "longest step in the window",
+          "probe_step_seconds_max", "Longest step in the last window, in seconds."),
+    _step("data_wait_ms", "ms", "data wait ms", "time per step blocked in next() on a DataLoader",
+          "probe_data_wait_seconds_per_step",
+          "Time per step the loop waited for the DataLoader (blocked in next()), in seconds."),
+    _step("data_wait_share", "", "data wait", "share of step time blocked in next() on a DataLoader",
+          "probe_data_wait_ratio", "Share of step time spent waiting for data, 0-1."),
+    _step("gpu_ms_mean", "ms", "GPU", "span on the CUDA stream from the step's first batch to its end (CUDA events)",
+          "probe_gpu_seconds_per_step", "GPU time span per step on the current CUDA stream (CUDA events), in seconds."),
+    _step("other_ms", "ms", "other", "step time minus data wait minus GPU time: host work the GPU did not cover",
+          "probe_other_seconds_per_step",
+          "Step time neither waiting for data nor covered by GPU time (Python, launches), in seconds."),
+    _step("batches_per_s", "/s", "batches/s", "DataLoader batches handed to the loop per second",
+          "probe_batches_per_second", "DataLoader batches handed to the loop per second."),
+    _step("samples_per_s", "/s", "samples/s", "samples per second (leading dimension of each batch)",
+          "probe_samples_per_second", "Samples (leading batch dimension) per second."),
+    _step("syncs_per_step", "", "syncs/step", "implicit device syncs per step (CUDA sync debug mode)",
+          "probe_implicit_syncs_per_step", "Implicit host-device synchronisations per step (torch's sync debug mode)."),
+    _step("dropped", "", "dropped steps", "steps lost from the probe's bounded buffer in the window",
+          "probe_dropped_steps", "Steps lost from the probe's bounded buffer in the last window."),
+    _step("probe_cpu_pct", "%", "probe CPU", "CPU time of the probe's own thread in the training process (100 = one core)",
+          "probe_thread_cpu_seconds_per_second",
+          "CPU time of the probe's own thread in the training process, seconds per second."),
+    _step("window_s", "s", "probe window", "length of the probe's window", "probe_window_seconds",
+          "Length of the probe's last window, in seconds."),
+    _step("step_total", "", "steps", "steps since the probe loaded in the process", "probe_steps",
+          "Steps since the probe loaded in the process.", counter=True),
+    _step("batch_total", "", "batches", "DataLoader batches since the probe loaded", "probe_batches",
+          "DataLoader batches since the probe loaded.", counter=True),
+    _step("sample_total", "", "samples", "samples since the probe loaded", "probe_samples",
+          "Samples since the probe loaded.", counter=True),
+    _memory("allocated", "B", "CUDA allocated", "CUDA caching allocator: memory allocated now",
+            "probe_cuda_memory_allocated_bytes", "CUDA caching allocator: memory allocated now, in bytes."),
+    _memory("reserved", "B", "CUDA reserved", "CUDA caching allocator: memory reserved now",
+            "probe_cuda_memory_reserved_bytes", "CUDA caching allocator: memory reserved now, in bytes."),
+    _memory("peak_allocated", "B", "CUDA peak alloc", "peak allocated memory since the process started (or its last reset)",
+            "probe_cuda_memory_peak_allocated_bytes",
+            "Peak allocated memory since the process started (or its last reset_peak_memory_stats), in bytes."),
+    _memory("peak_reserved", "B", "CUDA peak reserved", "peak reserved memory", "probe_cuda_memory_peak_reserved_bytes",
+            "Peak reserved memory, in bytes."),
+    _memory("alloc_retries", "", "alloc retries", "cudaMalloc retries after freeing cached memory",
+            "probe_cuda_alloc_retries", "cudaMalloc retries after freeing cached memory.", counter=True),
+    _memory("ooms", "", "OOMs", "CUDA out-of-memory errors the allocator raised", "probe_cuda_ooms",
+            "CUDA out-of-memory errors the allocator raised.", counter=True),
+    # Sent on change only; served with the labels of the process's probe_step series.
+    _spec(KIND_PROBE_SYNC, "total", "", "implicit syncs", "implicit host-device syncs since the probe loaded",
+          "probe_implicit_syncs",
+          "Implicit host-device synchronisations since the probe loaded (torch's sync debug mode).", counter=True),
+]
