@@ -27,6 +27,7 @@ from gputop.session.replay import ReplaySession
 from gputop.session.session import LiveSession, SessionClock, base_meta
 from gputop.session.store import CallbackSubscriber
 from gputop.ui.app import GputopApp, HelpScreen
+from gputop.ui.panels import verdict_timeline as vtimeline
 from gputop.ui.panels import verdicts as vpanels
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts import default_processors
@@ -94,12 +95,16 @@ def full_pass(path: pathlib.Path) -> tuple[list[Sample], list[Sample]]:
     return ([x for x in got if x.kind == "verdict_change"], [x for x in got if x.kind == "verdict_change@recorded"])
 
 
-async def open_verdicts_view(pilot) -> vpanels.VerdictTimeline:
+async def open_verdicts_view(pilot) -> vtimeline.VerdictTimeline:
     app = pilot.app
     await pilot.press(view_key(app, "verdicts"))
     await pilot.pause()
-    timeline = next(p for p in app.panels["verdicts"] if isinstance(p, vpanels.VerdictTimeline))
-    assert timeline.timeline is not None and timeline.timeline.wait(30), "the whole-file pass did not finish"
+    timeline = next(p for p in app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+    assert timeline.reading is not None or timeline.timeline is not None, "no whole-file pass started"
+    deadline = time.monotonic() + 30
+    while timeline.timeline is None:  # the worker's Done message sets it
+        assert time.monotonic() < deadline, "the whole-file pass did not finish"
+        await pilot.pause(0.05)
     app.redraw_now()
     await pilot.pause()
     return timeline
@@ -332,8 +337,8 @@ async def test_a_live_session_shows_the_timeline_without_seeking():
             assert strip[1].startswith("○ collecting evidence…")
             await pilot.press(view_key(pilot.app, "verdicts"))
             await pilot.pause(1.3)  # the engine has run once by now (1 s interval)
-            timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vpanels.VerdictTimeline))
-            assert timeline.timeline is None  # no file to read
+            timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+            assert timeline.timeline is None and timeline.reading is None  # no file to read
             await pilot.press("enter")  # nothing to seek in: a bell, no error
             await pilot.pause()
             text = screen_text(pilot.app)
@@ -388,7 +393,7 @@ def test_any_verdict_values_draw_without_error(batch):
     session.now = lambda: 50.0
     snap = Snapshot(session)
     for width in (80, 200):
-        for cls in (vpanels.VerdictStrip, vpanels.VerdictDetail, vpanels.VerdictTimeline):
+        for cls in (vpanels.VerdictStrip, vpanels.VerdictDetail, vtimeline.VerdictTimeline):
             panel = cls()
             assert panel.shown(snap)
             text = panel.draw(snap, width)
