@@ -15,6 +15,7 @@ import functools
 import io
 import pathlib
 import re
+import threading
 import time
 
 import pytest
@@ -323,6 +324,60 @@ def test_a_jump_shows_the_verdicts_a_replay_from_the_start_shows(path):
     session.seek(recomputed[0].t)
     assert session.store.latest("verdict_primary", "primary").data["id"] is None
     session.stop()
+
+
+@async_test
+async def test_the_whole_file_pass_runs_in_a_worker_that_reports_progress_and_failure():
+    """The timeline's whole-file pass is a Textual worker: the view says how far it got, while
+    the replay on screen stays usable, and says so when the pass breaks."""
+
+    session = replay("sync_stall", 29.0)
+    half, release, threads = threading.Event(), threading.Event(), []
+
+    def slow_then_broken(processors, kinds=None, *, progress=None, cancel=None):
+        threads.append(threading.current_thread())
+        progress(0.5)
+        half.set()
+        while not release.wait(0.01):
+            assert not cancel.is_set()
+        raise OSError("disk went away")
+
+    session.replay_whole_file = slow_then_broken
+    async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+        await pilot.press(view_key(pilot.app, "verdicts"))
+        assert await asyncio.to_thread(half.wait, 10)
+        await pilot.pause(0.1)
+        timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+        assert timeline.reading == 0.5 and timeline.timeline is None
+        assert "Reading the whole recording… 50%" in timeline.text.plain
+        assert threads[0] is not threading.main_thread()
+        release.set()
+        deadline = time.monotonic() + 10
+        while timeline.timeline is None:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        assert "Reading the recording failed (OSError: disk went away)" in timeline.text.plain
+        assert pilot.app.tick_errors == 0
+
+
+@async_test
+async def test_closing_the_app_cancels_the_whole_file_pass():
+
+    session = replay("sync_stall", 29.0)
+    started, seen_cancel = threading.Event(), threading.Event()
+
+    def endless(processors, kinds=None, *, progress=None, cancel=None):
+        started.set()
+        while not cancel.is_set():
+            time.sleep(0.01)
+        seen_cancel.set()
+        return None
+
+    session.replay_whole_file = endless
+    async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+        await pilot.press(view_key(pilot.app, "verdicts"))
+        assert await asyncio.to_thread(started.wait, 10)
+    assert seen_cancel.wait(5)
 
 
 @async_test
