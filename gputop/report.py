@@ -106,22 +106,12 @@ def _metrics(kind: str, cols: dict[str, list], specs: dict) -> dict:
 def _verdict_section(path: str) -> dict:
     """Verdicts recomputed from the raw samples (so better rules improve old recordings): the
     recording is played through the same processors a live session runs, at full speed."""
-    from gputop.session.replay import ReplaySession
-    from gputop.session.store import CallbackSubscriber
+    from gputop.session.whole_replay import replay_whole
     from gputop.verdicts import default_processors
     from gputop.verdicts.summary import summarize_verdicts
 
-    processors = default_processors()
-    wanted = {k for p in processors for k in p.produces}
-    got: list[Sample] = []
-    session = ReplaySession(path, processors=processors, start_playing=False, seek_window_s=0.0)
-    try:
-        session.bus.subscribe(CallbackSubscriber(lambda ss: got.extend(s for s in ss if s.kind in wanted)))
-        session.play_to(session.t_end)
-        t0, t1 = session.t_start, session.t_end
-    finally:
-        session.stop()
-    out = summarize_verdicts(got, t0, t1)
+    got = replay_whole(path, default_processors())
+    out = summarize_verdicts(got.samples, got.t_start, got.t_end)
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
             "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
             "no_verdict_why": out["no_verdict_why"]}

@@ -6,11 +6,15 @@ tested is the replay clock, not the meaning of the numbers.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gputop.model import Sample
 from gputop.session.recording import RecordingWriter
 from gputop.session.replay import RECORDED_SUFFIX, ReplaySession
+from gputop.session.store import CallbackSubscriber
+from gputop.session.whole_replay import replay_whole
 
 
 class FakeClock:
@@ -179,3 +183,69 @@ def test_a_failing_processor_becomes_a_health_sample_not_a_crash(tmp_path):
     s.seek(3.0)
     h = s.store.latest("health", "broken")
     assert h.data["state"] == "failed" and "ZeroDivisionError: a bug in a rule" in h.data["message"]
+
+
+# -- the whole-file replay (gputop/session/whole_replay.py) -----------------------------------------
+
+def _one_play_to_the_end(path, processor):
+    """The whole file in one ``play_to``: what the service must give, whatever its steps."""
+    got = []
+    s = ReplaySession(str(path), processors=[processor], start_playing=False, seek_window_s=0.0)
+    s.bus.subscribe(CallbackSubscriber(lambda ss: got.extend(x for x in ss if x.kind.startswith("verdict"))))
+    s.play_to(s.t_end)
+    s.stop()
+    return got
+
+
+def test_whole_replay_gives_the_processors_output_with_progress(tmp_path):
+    path = tmp_path / "r.gtrec"
+    _write(path, seconds=30)
+    fractions = []
+    got = replay_whole(str(path), [CountingProcessor()], progress=fractions.append, step_s=1.0)
+    expected = _one_play_to_the_end(path, CountingProcessor())
+    assert got.of_kind("verdict") == [x for x in expected if x.kind == "verdict"]
+    assert got.recorded("verdict") == []  # only the kinds asked for (default: what the processors produce)
+    assert not got.cancelled and got.error is None and got.covers_to == got.t_end
+    assert (got.t_start, got.t_end) == (0.0, pytest.approx(29.9))
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) == 30
+
+
+def test_whole_replay_keeps_recorded_kinds_when_asked(tmp_path):
+    path = tmp_path / "r.gtrec"
+    _write(path, seconds=10)
+    got = replay_whole(str(path), [CountingProcessor()], kinds=("verdict", "verdict" + RECORDED_SUFFIX))
+    assert [x.data["from_file"] for x in got.recorded("verdict")] == list(range(10))
+    assert all("recomputed" in x.data for x in got.of_kind("verdict"))
+
+
+def test_whole_replay_stops_when_cancelled(tmp_path):
+    path = tmp_path / "r.gtrec"
+    _write(path, seconds=60)
+    cancel = threading.Event()
+
+    def progress(fraction):
+        if fraction >= 0.25:
+            cancel.set()
+
+    proc = CountingProcessor()
+    got = replay_whole(str(path), [proc], progress=progress, cancel=cancel, step_s=1.0)
+    assert got.cancelled and got.covers_to == pytest.approx(15.0)
+    assert max(proc.calls) <= 15.0
+
+
+def test_whole_replay_of_a_damaged_file_raises_or_keeps_the_error(tmp_path):
+    path = tmp_path / "bad.gtrec"
+    path.write_bytes(b"not a recording at all")
+    with pytest.raises(Exception):
+        replay_whole(str(path), [CountingProcessor()])
+    got = replay_whole(str(path), [CountingProcessor()], errors="keep")
+    assert got.error and got.samples == [] and got.covers_to is None
+
+
+def test_a_replay_offers_the_whole_file_and_says_what_it_computes(tmp_path):
+    path = tmp_path / "r.gtrec"
+    _write(path, seconds=10)
+    s = ReplaySession(str(path), processors=[CountingProcessor()], start_playing=False)
+    assert s.replay_path == str(path) and s.derived_kinds == {"verdict"}
+    got = s.replay_whole_file([CountingProcessor()])
+    assert got.of_kind("verdict") and s.position == s.t_start  # the replay on screen did not move

@@ -15,6 +15,7 @@ import functools
 import io
 import pathlib
 import re
+import threading
 import time
 
 import pytest
@@ -27,6 +28,7 @@ from gputop.session.replay import ReplaySession
 from gputop.session.session import LiveSession, SessionClock, base_meta
 from gputop.session.store import CallbackSubscriber
 from gputop.ui.app import GputopApp, HelpScreen
+from gputop.ui.panels import verdict_timeline as vtimeline
 from gputop.ui.panels import verdicts as vpanels
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts import default_processors
@@ -94,12 +96,16 @@ def full_pass(path: pathlib.Path) -> tuple[list[Sample], list[Sample]]:
     return ([x for x in got if x.kind == "verdict_change"], [x for x in got if x.kind == "verdict_change@recorded"])
 
 
-async def open_verdicts_view(pilot) -> vpanels.VerdictTimeline:
+async def open_verdicts_view(pilot) -> vtimeline.VerdictTimeline:
     app = pilot.app
     await pilot.press(view_key(app, "verdicts"))
     await pilot.pause()
-    timeline = next(p for p in app.panels["verdicts"] if isinstance(p, vpanels.VerdictTimeline))
-    assert timeline.timeline is not None and timeline.timeline.wait(30), "the whole-file pass did not finish"
+    timeline = next(p for p in app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+    assert timeline.reading is not None or timeline.timeline is not None, "no whole-file pass started"
+    deadline = time.monotonic() + 30
+    while timeline.timeline is None:  # the worker's Done message sets it
+        assert time.monotonic() < deadline, "the whole-file pass did not finish"
+        await pilot.pause(0.05)
     app.redraw_now()
     await pilot.pause()
     return timeline
@@ -321,6 +327,60 @@ def test_a_jump_shows_the_verdicts_a_replay_from_the_start_shows(path):
 
 
 @async_test
+async def test_the_whole_file_pass_runs_in_a_worker_that_reports_progress_and_failure():
+    """The timeline's whole-file pass is a Textual worker: the view says how far it got, while
+    the replay on screen stays usable, and says so when the pass breaks."""
+
+    session = replay("sync_stall", 29.0)
+    half, release, threads = threading.Event(), threading.Event(), []
+
+    def slow_then_broken(processors, kinds=None, *, progress=None, cancel=None):
+        threads.append(threading.current_thread())
+        progress(0.5)
+        half.set()
+        while not release.wait(0.01):
+            assert not cancel.is_set()
+        raise OSError("disk went away")
+
+    session.replay_whole_file = slow_then_broken
+    async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+        await pilot.press(view_key(pilot.app, "verdicts"))
+        assert await asyncio.to_thread(half.wait, 10)
+        await pilot.pause(0.1)
+        timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+        assert timeline.reading == 0.5 and timeline.timeline is None
+        assert "Reading the whole recording… 50%" in timeline.text.plain
+        assert threads[0] is not threading.main_thread()
+        release.set()
+        deadline = time.monotonic() + 10
+        while timeline.timeline is None:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        assert "Reading the recording failed (OSError: disk went away)" in timeline.text.plain
+        assert pilot.app.tick_errors == 0
+
+
+@async_test
+async def test_closing_the_app_cancels_the_whole_file_pass():
+
+    session = replay("sync_stall", 29.0)
+    started, seen_cancel = threading.Event(), threading.Event()
+
+    def endless(processors, kinds=None, *, progress=None, cancel=None):
+        started.set()
+        while not cancel.is_set():
+            time.sleep(0.01)
+        seen_cancel.set()
+        return None
+
+    session.replay_whole_file = endless
+    async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+        await pilot.press(view_key(pilot.app, "verdicts"))
+        assert await asyncio.to_thread(started.wait, 10)
+    assert seen_cancel.wait(5)
+
+
+@async_test
 async def test_a_live_session_shows_the_timeline_without_seeking():
     clock = SessionClock()
     session = LiveSession([], clock, base_meta(clock), processors=[VerdictEngine()])
@@ -332,8 +392,8 @@ async def test_a_live_session_shows_the_timeline_without_seeking():
             assert strip[1].startswith("○ collecting evidence…")
             await pilot.press(view_key(pilot.app, "verdicts"))
             await pilot.pause(1.3)  # the engine has run once by now (1 s interval)
-            timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vpanels.VerdictTimeline))
-            assert timeline.timeline is None  # no file to read
+            timeline = next(p for p in pilot.app.panels["verdicts"] if isinstance(p, vtimeline.VerdictTimeline))
+            assert timeline.timeline is None and timeline.reading is None  # no file to read
             await pilot.press("enter")  # nothing to seek in: a bell, no error
             await pilot.pause()
             text = screen_text(pilot.app)
@@ -388,7 +448,7 @@ def test_any_verdict_values_draw_without_error(batch):
     session.now = lambda: 50.0
     snap = Snapshot(session)
     for width in (80, 200):
-        for cls in (vpanels.VerdictStrip, vpanels.VerdictDetail, vpanels.VerdictTimeline):
+        for cls in (vpanels.VerdictStrip, vpanels.VerdictDetail, vtimeline.VerdictTimeline):
             panel = cls()
             assert panel.shown(snap)
             text = panel.draw(snap, width)

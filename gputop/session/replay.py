@@ -41,6 +41,7 @@ class ReplaySession:
         self.speed = 1.0
         self.playing = start_playing
         self.recording_path = None  # a replay writes nothing
+        self.replay_path = path     # what it plays
         self.recording_error = None
         self.position = self.t_start
         self._feed(self.t_start - 1.0, self.position)
@@ -122,6 +123,18 @@ class ReplaySession:
 
     def describe_sources(self) -> dict:
         return dict(self.meta.get("sources", {}))
+
+    @property
+    def derived_kinds(self) -> frozenset[str]:
+        """The sample kinds this session's processors compute (recorded ones are ``@recorded``)."""
+        return frozenset(self._derived_kinds)
+
+    def replay_whole_file(self, processors: list[Processor], kinds=None, *, progress=None, cancel=None):
+        """The whole file played through fresh ``processors`` at full speed, apart from this
+        replay (session/whole_replay.py); a damaged file gives what was read and the error."""
+        from gputop.session.whole_replay import replay_whole  # it builds a ReplaySession: import here
+
+        return replay_whole(self.replay_path, processors, kinds, progress=progress, cancel=cancel, errors="keep")
 
     # -- internals -------------------------------------------------------------------------
     def _advance_to(self, t: float) -> None:

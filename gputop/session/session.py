@@ -109,6 +109,13 @@ class LiveSession:
         self.started = False
 
     # -- Session surface --------------------------------------------------------------------
+    replay_path: str | None = None  # a live session plays no file
+
+    @property
+    def derived_kinds(self) -> frozenset[str]:
+        """The sample kinds this session's processors compute."""
+        return frozenset(k for p in self.processors for k in p.produces)
+
     @property
     def recording_path(self) -> str | None:
         return self.recorder.path if self.recorder else None

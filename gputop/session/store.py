@@ -34,10 +34,6 @@ class Bus:
         with self._lock:
             self._subscribers = [*self._subscribers, subscriber]
 
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        with self._lock:
-            self._subscribers = [s for s in self._subscribers if s is not subscriber]
-
     def publish(self, sample: Sample) -> None:
         self.publish_many([sample])
 

@@ -28,13 +28,13 @@ class ProcRow:
     io_read_bps: float | None
     io_write_bps: float | None
     gpu_mem: float | None      # bytes on all GPUs together; None when no GPU reports it
-    gpu_sm_pct: float | None
     gpus: tuple[str, ...]
     gone: bool
 
 
-def _gpu_use(snap: Snapshot) -> dict[str, tuple[float | None, float | None, list[str]]]:
-    out: dict[str, tuple[float | None, float | None, list[str]]] = {}
+def _gpu_use(snap: Snapshot) -> dict[str, tuple[float | None, list[str]]]:
+    """Per PID: bytes of GPU memory on all GPUs together, and which GPUs."""
+    out: dict[str, tuple[float | None, list[str]]] = {}
     for gpu, s in snap.latest_of_kind("gpu_procs").items():
         procs = s.get("procs")
         if not isinstance(procs, dict):
@@ -42,13 +42,11 @@ def _gpu_use(snap: Snapshot) -> dict[str, tuple[float | None, float | None, list
         for pid, use in procs.items():
             if not isinstance(use, dict):
                 continue
-            mem, sm = use.get("mem"), use.get("sm_pct")
-            m0, s0, gpus = out.get(str(pid), (None, None, []))
+            mem = use.get("mem")
+            m0, gpus = out.get(str(pid), (None, []))
             if isinstance(mem, (int, float)):
                 m0 = (m0 or 0) + mem
-            if isinstance(sm, (int, float)):
-                s0 = (s0 or 0) + sm
-            out[str(pid)] = (m0, s0, [*gpus, gpu])
+            out[str(pid)] = (m0, [*gpus, gpu])
     return out
 
 
@@ -86,7 +84,7 @@ def process_rows(snap: Snapshot) -> list[ProcRow]:
         name = s.get("name") or (info.get("name") if info else None) or "?"
         role = str(s.get("role") or (info.get("role") if info else None) or "")
         gone = snap.now - s.t > GONE_AFTER_S or (exited is not None and s.t <= exited.t)
-        mem, sm, gpus = gpu.get(pid, (None, None, []))
+        mem, gpus = gpu.get(pid, (None, []))
 
         def now(field: str):
             return None if gone else s.get(field)  # rates of a gone process have no current value
@@ -97,7 +95,7 @@ def process_rows(snap: Snapshot) -> list[ProcRow]:
             cpu_pct=now("cpu_pct"), cpu_wait_pct=now("cpu_wait_pct"), rss=s.get("rss"), threads=s.get("threads"),
             ctx_vol_ps=now("ctx_vol_ps"), ctx_invol_ps=now("ctx_invol_ps"),
             io_read_bps=now("io_read_bps"), io_write_bps=now("io_write_bps"),
-            gpu_mem=mem, gpu_sm_pct=sm, gpus=tuple(gpus), gone=gone))
+            gpu_mem=mem, gpus=tuple(gpus), gone=gone))
         for child in sorted(children.get(pid, []), key=num):
             visit(child, depth + 1)
 

@@ -7,11 +7,11 @@ for it once per tick.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gputop.model import Sample
-import math
-
+from gputop.session.whole_replay import recorded_kind
 from gputop.ui.fmt import HOLD_S, cell_means
 
 
@@ -114,6 +114,38 @@ class Snapshot:
 
     def is_stale(self, sample: Sample | None, max_age_s: float = 3.0) -> bool:
         return sample is None or self.now - sample.t > max_age_s
+
+    # -- what a panel may know of the session ---------------------------------------------------
+    @property
+    def replay_path(self) -> str | None:
+        """The file a replay plays (None live)."""
+        return getattr(self.session, "replay_path", None) if self.playback is not None else None
+
+    @property
+    def recording_path(self) -> str | None:
+        """The file a live session records to (None when it records nothing, and in a replay)."""
+        return getattr(self.session, "recording_path", None)
+
+    @property
+    def recording_error(self) -> str | None:
+        return getattr(self.session, "recording_error", None)
+
+    def computes(self, kind: str) -> bool:
+        """Whether this session's processors compute ``kind`` (live, or again in a replay)."""
+        return kind in (getattr(self.session, "derived_kinds", None) or ())
+
+    @staticmethod
+    def recorded_kind(kind: str) -> str:
+        """The kind under which a replay keeps what the file recorded of a kind it computes."""
+        return recorded_kind(kind)
+
+    def replay_whole_file(self, processors: list, kinds=None, *, progress=None, cancel=None):
+        """The whole replayed file through fresh ``processors`` (session/whole_replay.py:
+        ``WholeReplay``); slow: call it from a worker thread, never from ``draw``. None live."""
+        run = getattr(self.session, "replay_whole_file", None)
+        if self.playback is None or run is None:
+            return None
+        return run(processors, kinds, progress=progress, cancel=cancel)
 
     # -- facts several panels need -----------------------------------------------------------
     @property

@@ -2,21 +2,22 @@
 
 How to add a panel (no edit of the app needed)
 -----------------------------------------------
-1. Create a module in this package, e.g. ``gputop/ui/panels/probe.py``. Every module here is
+1. Create a module in this package, e.g. ``gputop/ui/panels/mine.py``. Every module here is
    imported when the app starts (``load_panel_modules``); a module that fails to import is
    reported on the help screen and the rest of the UI still starts.
 2. If your panel needs a view of its own, register it once::
 
-       register_view("probe", "Probe", order=50)
+       register_view("mine", "Mine", order=60)
 
-   Views are listed in ``order`` in the tab line; number keys 1-9 follow that order
-   (overview 10, gpus 20, procs 30, threads 40, sources 90 are taken).
+   Views are listed in ``order`` in the tab line; number keys 1-9 (then 0) follow that order.
+   Taken: overview 10, verdicts 15, gpus 20, procs 30, threads 40, stacks 45, steps 50 (probe.py),
+   ranks 55, sources 90 (gputop/ui/README.md lists them with their modules).
 3. Subclass ``TextPanel`` (text out) or ``Panel`` (your own widgets, e.g. a DataTable) and
    decorate it::
 
        @register_panel
        class StepTimes(TextPanel):
-           VIEW = "probe"          # which view it lives in
+           VIEW = "mine"           # which view it lives in
            ORDER = 10              # position inside the view, top first
            NEEDS = ("step",)       # sample kinds; shown once any of them exists
            TITLE = "Step times"    # its title line
@@ -28,7 +29,8 @@ How to add a panel (no edit of the app needed)
    A ``Panel`` that manages its own widgets overrides ``update_view(snap)`` instead of
    ``draw``. Either is called on the UI thread at the UI's tick, only while the panel is in
    the visible view, and only when the store changed (``snap.generation``) or the panel was
-   resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads.
+   resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads. Work that
+   takes long runs in a Textual worker that posts messages to the panel (verdict_timeline.py).
 
 The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: primary verdict,
 evidence, advice): register it with ``VIEW = "overview"`` and ``ORDER = 0``.

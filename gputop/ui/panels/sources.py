@@ -66,7 +66,7 @@ class SessionFacts(TextPanel):
     TITLE = "Session"
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        meta, session = snap.meta, snap.session
+        meta = snap.meta
         target = snap.target
         facts: list[tuple[str, str]] = []
         if target:
@@ -81,14 +81,13 @@ class SessionFacts(TextPanel):
             facts.append(("started", time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(start))))
         facts.append(("gputop", str(meta.get("gputop_version") or "n/a")))
         if snap.playback is not None:
-            path = getattr(getattr(session, "reader", None), "path", None)
-            facts.append(("replaying", str(path or "a recording")))
-        elif session.recording_path:
-            facts.append(("recording to", str(session.recording_path)))
+            facts.append(("replaying", str(snap.replay_path or "a recording")))
+        elif snap.recording_path:
+            facts.append(("recording to", str(snap.recording_path)))
         else:
             facts.append(("recording", "off"))
-        if session.recording_error:
-            facts.append(("recording error", str(session.recording_error)))
+        if snap.recording_error:
+            facts.append(("recording error", str(snap.recording_error)))
         t = Text()
         for i, (k, v) in enumerate(facts):
             if i:

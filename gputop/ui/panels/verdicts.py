@@ -12,28 +12,20 @@
 Where the numbers come from: ``verdict``, ``verdict_primary`` and ``verdict_change`` samples
 (gputop/verdicts/engine.py). A replay recomputes them from the raw samples, so what the strip
 shows is this gputop's judgement; the live session's own verdicts stay in the file as
-``<kind>@recorded``. The timeline of a replay covers the whole file: one pass over the
-recording on a background thread (``RecordingTimeline``) gives both the recomputed changes and
-the recorded ones. The session's store alone would not do: it keeps 300 s, and a seek back
-clears it. A live session shows the changes its store holds (the last five minutes at least).
+``<kind>@recorded``. The timeline panel is in verdict_timeline.py.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 
-from gputop.session.replay import RECORDED_SUFFIX as RECORDED
-from gputop.session.replay import ReplaySession
-from gputop.session.store import CallbackSubscriber
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_help_section, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
-from gputop.verdicts import default_processors
 from gputop.verdicts.engine import ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE as KIND_CHANGE
 from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
 from gputop.verdicts.engine import VerdictEngine
@@ -69,9 +61,9 @@ register_help_section("Verdicts (what gputop concludes; docs/verdicts.md has the
 
 # -- reading verdicts from the snapshot -----------------------------------------------------------
 
-def engine_runs(session) -> bool:
+def engine_runs(snap: Snapshot) -> bool:
     """Whether this session computes verdicts itself (live, or recomputed by a replay)."""
-    return any(KIND_VERDICT in getattr(p, "produces", ()) for p in getattr(session, "processors", None) or ())
+    return snap.computes(KIND_VERDICT)
 
 
 def origin(snap: Snapshot) -> str:
@@ -79,11 +71,11 @@ def origin(snap: Snapshot) -> str:
     "recorded" (a replay without an engine shows what the file holds) or "live"."""
     if snap.playback is None:
         return "live"
-    return "recomputed" if engine_runs(snap.session) else "recorded"
+    return "recomputed" if engine_runs(snap) else "recorded"
 
 
 def has_verdicts(snap: Snapshot) -> bool:
-    return (engine_runs(snap.session) or KIND_PRIMARY in snap.kinds or KIND_VERDICT in snap.kinds
+    return (engine_runs(snap) or KIND_PRIMARY in snap.kinds or KIND_VERDICT in snap.kinds
             or "verdicts" in snap.health())
 
 
@@ -256,7 +248,7 @@ def jump_to(playback, t: float) -> None:
     play_to(t)
 
 
-# -- the timeline -----------------------------------------------------------------------------------
+# -- verdict changes (the timeline, verdict_timeline.py, lists them; ``j`` looks them up) ----------
 
 @dataclass(frozen=True)
 class Change:
@@ -279,75 +271,13 @@ def store_changes(snap: Snapshot, kind: str) -> list[Change]:
     return sorted((change_of(s) for ss in got.values() for s in ss), key=lambda c: (c.t, c.id))
 
 
-class RecordingTimeline:
-    """The verdict changes of a whole recording: recomputed by this gputop's rules, and as the
-    live session recorded them. One pass over the file on a daemon thread, with its own reader,
-    store and processors (nothing shared with the replay on screen); ``cancel`` stops it."""
-
-    STEP_S = 20.0  # play this much between checks of the cancel flag and progress updates
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.recomputed: list[Change] = []
-        self.recorded: list[Change] = []
-        self.progress = 0.0
-        self.covers_to: float | None = None
-        self.error: str | None = None
-        self.done = False
-        self.seconds: float | None = None  # how long the pass took
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gputop-verdict-timeline", daemon=True)
-
-    def start(self) -> "RecordingTimeline":
-        self._thread.start()
-        return self
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return self.done
-
-    def _run(self) -> None:
-        started = time.perf_counter()
-        recomputed, recorded = [], []
-
-        def collect(samples) -> None:
-            for s in samples:
-                if s.kind == KIND_CHANGE:
-                    recomputed.append(change_of(s))
-                elif s.kind == KIND_CHANGE + RECORDED:
-                    recorded.append(change_of(s))
-
-        session = None
-        try:
-            session = ReplaySession(self.path, processors=default_processors(), start_playing=False,
-                                    seek_window_s=0.0)
-            session.bus.subscribe(CallbackSubscriber(collect))
-            t0, t1 = session.t_start, session.t_end
-            t = t0
-            while t < t1 and not self._cancel.is_set():
-                t = min(t + self.STEP_S, t1)
-                session.play_to(t)
-                self.progress = (t - t0) / max(t1 - t0, 1e-9)
-            self.covers_to = t
-        except Exception as e:  # a damaged file: say so in the view, keep the replay going
-            self.error = f"{type(e).__name__}: {e}"
-        finally:
-            if session is not None:
-                session.stop()
-        self.recomputed, self.recorded = recomputed, recorded
-        self.seconds = time.perf_counter() - started
-        self.done = True
-
-
 # -- the panels -------------------------------------------------------------------------------------
 
 class JumpsToPrimary:
     """``j``: jump the replay to when the primary verdict turned on."""
 
-    timeline: RecordingTimeline | None = None
+    # the whole file's recomputed changes, where the panel has them (verdict_timeline.py)
+    timeline: Any = None
 
     def action_jump_primary(self) -> None:
         snap = self.last_snapshot
@@ -361,7 +291,7 @@ class JumpsToPrimary:
             return
         # the change that turned it on: its time is where the verdict shows again after a jump
         candidates = [c for c in store_changes(snap, KIND_CHANGE) if c.id == p.id and c.active]
-        if self.timeline is not None and self.timeline.done and origin(snap) == "recomputed":
+        if self.timeline is not None and origin(snap) == "recomputed":
             candidates += [c for c in self.timeline.recomputed if c.id == p.id and c.active]
         matching = [c.t for c in candidates if c.since is not None and abs(c.since - since) < 0.5]
         jump_to(snap.playback, min(matching) if matching else since + SHOWS_AFTER_S)
@@ -535,181 +465,10 @@ class VerdictDetail(TextPanel):
                 line.truncate(width, overflow="ellipsis")
                 out.append_text(line)
         # the recorded verdicts are kept: say what the live session concluded at this moment
-        rec = snap.latest(KIND_PRIMARY + RECORDED, "primary") if origin(snap) == "recomputed" else None
+        rec = snap.latest(snap.recorded_kind(KIND_PRIMARY), "primary") if origin(snap) == "recomputed" else None
         if rec is not None and snap.now - rec.t <= STALE_S:
             rid = fmt.clean(rec.get("id")) if rec.get("id") else None
             same = rid == (fmt.clean(p.id) if p is not None else None)
             out.append(f"\nRecorded by the live session at this moment: {rid or 'no verdict'}"
                        + (" (the same)" if same else " (recomputed with this gputop's rules: above)"), style=STYLE_DIM)
         return out
-
-
-@register_panel
-class VerdictTimeline(JumpsToPrimary, TextPanel):
-    """When each verdict turned on and off; in a replay, enter jumps to the chosen change."""
-
-    VIEW = "verdicts"
-    ORDER = 20
-    NEEDS = ()
-    TITLE = "Timeline of verdict changes"
-    FOCUS_ON_SHOW = True
-    can_focus = True
-    BINDINGS = [("up", "move(-1)", "Previous change"), ("down", "move(1)", "Next change"),
-                ("enter", "jump", "Jump there"), ("j", "jump_primary", "Jump to the primary's start")]
-    REOPEN_GAP_S = 3.0  # no draw for this long: the view was closed (a growing file: read it again)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.timeline: RecordingTimeline | None = None
-        self.entries: list[tuple[str, Change]] = []  # (section, change) in drawn order
-        self.selected: tuple[str, Change] | None = None
-        self._row_of: list[int] = []                  # line of each entry in the drawn text
-        self._last_draw = 0.0
-
-    def shown(self, snap: Snapshot) -> bool:
-        return has_verdicts(snap)
-
-    def on_unmount(self) -> None:
-        if self.timeline is not None:
-            self.timeline.cancel()
-
-    @property
-    def selected_index(self) -> int | None:
-        try:
-            return self.entries.index(self.selected) if self.selected is not None else None
-        except ValueError:
-            return None
-
-    # -- keys -------------------------------------------------------------------------------
-    def action_move(self, step: int) -> None:
-        if not self.entries:
-            return
-        i = self.selected_index
-        if i is None:
-            i = 0 if step > 0 else len(self.entries) - 1
-        elif not self._visible(i):  # the first key shows where the selection is
-            self._keep_visible(i)
-            return
-        else:
-            if i + step < 0 and self.parent is not None:  # above the first: the view's top again
-                self.parent.scroll_home(animate=False, immediate=True)
-            i = min(max(i + step, 0), len(self.entries) - 1)
-        self.selected = self.entries[i]
-        self._redraw()
-        if i + step >= 0:
-            self._keep_visible(i)
-
-    def action_jump(self) -> None:
-        snap = self.last_snapshot
-        if snap is None or snap.playback is None or self.selected is None:
-            self.app.bell()  # a live session cannot move in time
-            return
-        jump_to(snap.playback, self.selected[1].t)
-        self.app.redraw_now()
-
-    def _redraw(self) -> None:
-        if self.last_snapshot is not None:
-            self.update_view(self.last_snapshot)
-
-    def _row_y(self, i: int) -> int | None:
-        """The selected row's line in the view's scrollable area."""
-        if i >= len(self._row_of):
-            return None
-        return self.virtual_region.y + 1 + self._row_of[i]  # + 1: the border line above the text
-
-    def _visible(self, i: int) -> bool:
-        y, view = self._row_y(i), self.parent
-        if y is None or view is None:
-            return True
-        return view.scroll_offset.y <= y < view.scroll_offset.y + view.scrollable_content_region.height
-
-    def _keep_visible(self, i: int) -> None:
-        from textual.geometry import Region
-
-        y = self._row_y(i)
-        if y is None or self.parent is None:
-            return
-        self.parent.scroll_to_region(Region(0, y, 1, 1), animate=False, immediate=True)
-
-    # -- data -------------------------------------------------------------------------------
-    def _recording_timeline(self, snap: Snapshot) -> RecordingTimeline | None:
-        path = getattr(getattr(snap.session, "reader", None), "path", None)
-        if snap.playback is None or not path:
-            return None
-        wall = time.monotonic()
-        reopened, self._last_draw = wall - self._last_draw > self.REOPEN_GAP_S, wall
-        tl = self.timeline
-        if tl is None or (reopened and tl.done and snap.playback.growing
-                          and (tl.covers_to or 0.0) < snap.playback.t_end):
-            self.timeline = RecordingTimeline(path).start()
-        return self.timeline
-
-    def sections(self, snap: Snapshot) -> list[tuple[str, list[Change]]]:
-        tl = self._recording_timeline(snap)
-        seen = store_changes(snap, KIND_CHANGE)
-        if tl is None:
-            return [("Live session: the changes of the last five minutes (at least)", seen)]
-        if not tl.done:
-            return [(f"Reading the whole recording… {tl.progress * 100:.0f}%; meanwhile the changes seen "
-                     "while playing", seen)]
-        if tl.error:
-            return [(f"Reading the recording failed ({tl.error}); the changes seen while playing", seen)]
-        so_far = ", so far" if snap.playback.growing else ""
-        return [(f"Recomputed by this gputop's rules from the raw samples (whole recording{so_far})", tl.recomputed),
-                (f"Recorded by the live session (whole recording{so_far})", tl.recorded)]
-
-    # -- drawing ------------------------------------------------------------------------------
-    def draw(self, snap: Snapshot, width: int) -> Text:
-        width -= 1  # the scroll bar's column (see VerdictDetail.draw)
-        sections = self.sections(snap)
-        self.entries = [(title, c) for title, cs in sections for c in cs]
-        if self.selected_index is None and self.entries:
-            # start at the first section's latest change at or before now: what explains the screen
-            first = [e for e in self.entries if e[0] == self.entries[0][0]]
-            before = [e for e in first if e[1].t <= snap.now + 1e-6]
-            self.selected = before[-1] if before else first[0]
-        out = Text()
-        if snap.playback is not None:
-            out.append("↑↓ choose · enter: jump the replay there · j: to the primary verdict's start", style=STYLE_DIM)
-        else:
-            out.append("a live session: the timeline only (jumping needs a replay)", style=STYLE_DIM)
-        row, self._row_of = 0, []
-        for title, changes in sections:
-            out.append("\n")
-            row += 1
-            out.append(fmt.clip(title, width), style=STYLE_LABEL)
-            if not changes:
-                out.append("\n  none", style=STYLE_DIM)
-                row += 1
-            for c in changes:
-                out.append("\n")
-                row += 1
-                self._row_of.append(row)
-                out.append_text(self._row(c, (title, c) == self.selected, snap, width))
-        return out
-
-    @staticmethod
-    def _row(c: Change, selected: bool, snap: Snapshot, width: int) -> Text:
-        t = Text()
-        t.append("▸ " if selected else "  ", style="bold")
-        t.append(f"{fmt.duration(c.t):>7} ")
-        if c.active:
-            t.append("on  ", style=severity_style(c.severity))
-        else:
-            t.append("off ")
-        t.append(fmt.clean(c.id).ljust(20), style="bold")
-        if c.active:
-            t.append(" " + severity_word(c.severity).ljust(8), style=severity_style(c.severity))
-            if c.since is not None:
-                t.append(f" held from {fmt.duration(c.since)}")
-        else:
-            t.append(" ended   ")
-            if c.since is not None:
-                t.append(f" on since {fmt.duration(c.since)}")
-        t.append("  " + c.title, style=STYLE_DIM)
-        if selected:
-            t.stylize("reverse")
-        elif snap.playback is not None and c.t > snap.now + 1e-6:
-            t.stylize(STYLE_DIM)  # after the replay's position
-        t.truncate(width, overflow="ellipsis")
-        return t
