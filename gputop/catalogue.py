@@ -36,6 +36,13 @@ KIND_PROBE_SYNC = "probe_sync"        # implicit syncs by source line, on change
 KIND_VERDICT = "verdict"                  # one verdict id's state, key = id (verdicts/engine.py)
 KIND_VERDICT_PRIMARY = "verdict_primary"  # the verdict that explains most now, key = "primary"
 KIND_VERDICT_CHANGE = "verdict_change"    # a verdict turned on or off, key = id
+KIND_BUDGET = "budget"                    # the time budget, key = "window" / "session" (derive/budget_processor.py)
+KIND_PHASE = "phase"                      # the job's phase (start-up, training, ...), key = "main" (derive/phases.py)
+
+# The stack source's name (its health samples' key) and the kernel wait classes a
+# thread_kernel sample counts per thread (sources/stacks.py writes them, derive/ reads them).
+SOURCE_STACKS = "stacks"
+WAIT_CLASSES = ("run", "gil", "lock", "sleep", "poll", "io", "other")
 
 # Unit of a field -> factor to Prometheus base units (ratios 0-1, bytes, seconds, hertz).
 # A unit not listed is exported as it is.

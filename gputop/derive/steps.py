@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gputop.model import KIND_HEALTH, Sample
 from gputop.probe import wire
-from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC
 
 CONFIG_FACTS = ("torch", "cuda", "cudnn", "device_name", "amp_autocast", "tf32_matmul", "tf32_cudnn",
                 "float32_matmul_precision", "cudnn_benchmark", "deterministic_algorithms", "anomaly_detection",

@@ -38,9 +38,10 @@ from typing import Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.model import KIND_HEALTH, MetricSpec, Sample
-from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL, SOURCE_NAME, WAIT_CLASSES
+from gputop.catalogue import KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES
+from gputop.catalogue import SOURCE_STACKS as SOURCE_NAME
 
-KIND_THREAD_STATE = "thread_state"
+from gputop.catalogue import KIND_THREAD_STATE  # noqa: E402  (kept importable from here)
 
 STATES = ("running", "gil", "data", "cuda", "collective", "idle", "cpu_wait", "unknown")
 STATE_LABELS = {

@@ -18,7 +18,7 @@ from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
 
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
 

@@ -1,0 +1,236 @@
+"""The time budget: where the training loop's wall time went.
+
+For a stretch of time, the loop's wall time is split into shares that sum to 1: the GPU busy,
+and, for the moments it was not, what the main thread was doing *at those moments* — waiting
+for data, for a device sync, for the GIL, in a collective, for a core, in file I/O, blocked
+(sleep, locks, network), or running Python/CPU code named by its frames. This is the join
+HTA makes offline from a trace ("host wait"), made live from two samplers:
+
+- the main thread's py-spy samples, each placed at its moment (``seq`` of a ``stacks`` sample:
+  sample i of n fell at about ``t0 + (i + 0.5) * dur_s / n``), named by the frame tables of
+  gputop.derive.frame_rules;
+- the GPU's busy fraction at that moment: GPM SM active (each sample covers the >= 100 ms
+  since the previous one), or util.gpu without GPM (labelled: it counts any kernel running).
+
+A moment whose frames say only "Python code" is split further by the kernel's view of the
+thread in that second (``thread_kernel``): GIL wait, run-queue wait, blocked off the CPU, file
+I/O, or on a CPU — the same fusion gputop.derive.threads makes for a whole window, made per
+second. A moment weighs ``1``: ``busy`` of it is GPU time, ``1 - busy`` goes to its cause.
+
+Without stacks (no ptrace), the GPU's idle time is one share, ``unknown``; without GPU
+counters, the shares are of the main thread's time and ``gpu_busy`` is None. Nothing is guessed.
+
+``Budget`` accumulates moments; the same function makes the window's budget (the UI, the
+verdicts, Prometheus) and the session's (the report), so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gputop.derive import frame_rules as fr
+
+# The shares, in the order the UI and the report show them. GPU_BUSY first; the others are
+# the ways the loop can keep the GPU waiting.
+GPU_BUSY, DATA, SYNC, GIL, COLLECTIVE, CPU_WAIT, IO, BLOCKED, CPU, UNKNOWN = (
+    "gpu_busy", "data", "sync", "gil", "collective", "cpu_wait", "io", "blocked", "cpu", "unknown")
+CATEGORIES = (GPU_BUSY, DATA, SYNC, GIL, COLLECTIVE, CPU_WAIT, IO, BLOCKED, CPU, UNKNOWN)
+LOST = CATEGORIES[1:]
+LABELS = {
+    GPU_BUSY: "GPU busy", DATA: "waiting for data", SYNC: "waiting on a device sync", GIL: "waiting for the GIL",
+    COLLECTIVE: "in collectives", CPU_WAIT: "waiting for a CPU core", IO: "file I/O", BLOCKED: "blocked (sleep, locks, network)",
+    CPU: "Python/CPU code", UNKNOWN: "not attributable",
+}
+HELP = {
+    GPU_BUSY: "the GPU busy (GPM SM active; util.gpu without GPM) at the moments the main thread was sampled",
+    DATA: "the GPU idle while the main thread waited in next(DataLoader)",
+    SYNC: "the GPU idle while the main thread waited for it (synchronize, .item(), .cpu()): the launch gap after a sync",
+    GIL: "the GPU idle while the main thread waited for the GIL (kernel: futex on the Python runtime's GIL)",
+    COLLECTIVE: "the GPU idle while the main thread was in a torch.distributed collective",
+    CPU_WAIT: "the GPU idle while the main thread was ready to run but had no core (run queue)",
+    IO: "the GPU idle while the main thread did file I/O: torch.save/load, safetensors, numpy, logging, writes",
+    BLOCKED: "the GPU idle while the main thread was blocked off the CPU: sleep, locks, queues, sockets",
+    CPU: "the GPU idle while the main thread ran Python or CPU code (named by its frames)",
+    UNKNOWN: "the GPU idle with no stack to say why (no py-spy sample, or no Python frame)",
+}
+
+GPU_SAMPLE_MAX_S = 1.0     # a moment further than this from the next GPU sample has no GPU value
+TOP_FRAMES = 8             # frames kept per category in a budget's evidence
+
+# Files that are not the job's own code: the frame that names a moment is the innermost one
+# outside these (the user's line that called a torch op, or the framework's own code).
+_LIBRARY_PARTS = ("/site-packages/torch/", "/dist-packages/torch/", "<frozen ", "/site-packages/numpy/",
+                  "/dist-packages/numpy/")
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning", "lightning_fabric", "deepspeed",
+              "timm", "torchvision", "datasets")
+
+
+def owner(path: str) -> str:
+    """Whose code a file is: "user", "torch", "stdlib", "library", or a framework's name."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            pkg = path.split(marker, 1)[1].split("/", 1)[0]
+            if pkg in ("torch", "functorch"):
+                return "torch"
+            return pkg if pkg in FRAMEWORKS else "library"
+    if path.startswith("<frozen") or ("/lib/python3" in path and "/site-packages/" not in path):
+        return "stdlib"
+    return "user"
+
+
+def _is_library(path: str) -> bool:
+    if any(p in path for p in _LIBRARY_PARTS):
+        return True
+    return path.startswith("<") or ("/lib/python3" in path and "-packages/" not in path)
+
+
+def frame_name(f: list) -> str:
+    name, path, line = f[0], f[1], f[2]
+    return f"{name} ({path.rsplit('/', 1)[-1]}:{line})"
+
+
+@dataclass(frozen=True, slots=True)
+class Naming:
+    """What one distinct stack says, computed once per stack."""
+    cat: str                 # a budget category, or "python" (to be split by the kernel's view)
+    frame: str | None        # the innermost frame outside torch/stdlib: "func (file.py:line)"
+    path: str | None         # its file (for the owner)
+    leaf_owner: str          # whose code the innermost frame is
+    hint: str | None         # phase hint (frame_rules.phase_hint)
+
+
+def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
+    hint = fr.phase_hint(frames, stack)
+    own = None
+    for i in reversed(stack):
+        if 0 <= i < len(frames) and not _is_library(frames[i][1]):
+            own = frames[i]
+            break
+    if own is None and stack and 0 <= stack[-1] < len(frames):
+        own = frames[stack[-1]]
+    leaf_owner = owner(frames[stack[-1]][1]) if stack and 0 <= stack[-1] < len(frames) else "unknown"
+    frame = frame_name(own) if own is not None else None
+    path = own[1] if own is not None else None
+    if fr.io_why(frames, stack, leaf_code):
+        return Naming(IO, frame, path, leaf_owner, hint)
+    cat, _why = fr.classify(frames, stack, leaf_code)
+    cat = {fr.DATA: DATA, fr.COLLECTIVE: COLLECTIVE, fr.CUDA: SYNC, fr.IDLE: BLOCKED,
+           fr.UNKNOWN: UNKNOWN}.get(cat, "python")
+    return Naming(cat, frame, path, leaf_owner, hint)
+
+
+@dataclass(slots=True)
+class KernelSplit:
+    """How a "Python code" moment of one second splits, from the kernel's view of the thread
+    in that second: fractions of GIL, CPU_WAIT, BLOCKED, IO and CPU summing to 1."""
+    shares: dict
+
+    @staticmethod
+    def of(row: dict, named_off_share: float) -> "KernelSplit":
+        """``row``: the thread's wait-class counts and schedstat seconds for that second;
+        ``named_off_share``: the share of its py-spy samples that frames already explain as a
+        wait (data, sync, blocked...), whose off-CPU time must not be charged twice."""
+        k = {c: row.get(c) or 0 for c in ("run", "gil", "lock", "sleep", "poll", "io", "other")}
+        kn = sum(k.values())
+        python = max(1e-9, 1.0 - named_off_share)
+        if kn <= 0:
+            return KernelSplit({CPU: 1.0})
+        gil = min(1.0, k["gil"] / kn / python)
+        off_io = k["io"] / kn
+        off_block = (k["lock"] + k["sleep"] + k["poll"] + k["other"]) / kn
+        # off-CPU time not explained by the named waits falls to these "Python" moments
+        unexplained = max(0.0, off_io + off_block - named_off_share) / python
+        unexplained = min(unexplained, 1.0 - gil)
+        io = unexplained * (off_io / (off_io + off_block)) if off_io + off_block > 0 else 0.0
+        blocked = unexplained - io
+        on = max(0.0, 1.0 - gil - unexplained)
+        cpu_s, runq_s = row.get("cpu_s"), row.get("runq_s")
+        wait = on * runq_s / (cpu_s + runq_s) if (cpu_s is not None and runq_s is not None and cpu_s + runq_s > 0) else 0.0
+        return KernelSplit({GIL: gil, IO: io, BLOCKED: blocked, CPU_WAIT: wait, CPU: on - wait})
+
+
+@dataclass(slots=True)
+class Moment:
+    t: float
+    dt: float                # seconds this sample stands for
+    busy: float | None       # 0-1, None without GPU counters
+    naming: Naming
+    split: KernelSplit | None = None  # for "python" moments
+
+
+@dataclass
+class Budget:
+    """Shares of wall time (seconds, then fractions) accumulated from moments."""
+    seconds: Counter = field(default_factory=Counter)
+    frames: dict = field(default_factory=dict)       # category -> Counter(frame -> seconds)
+    owners: Counter = field(default_factory=Counter)  # whose code the CPU moments ran (seconds)
+    paths: dict = field(default_factory=dict)         # frame -> file (for owners of top frames)
+    total_s: float = 0.0
+    with_gpu: bool = True
+
+    def add(self, m: Moment) -> None:
+        idle = 1.0 if m.busy is None else 1.0 - m.busy
+        if m.busy is not None:
+            self.seconds[GPU_BUSY] += m.dt * m.busy
+        else:
+            self.with_gpu = False
+        self.total_s += m.dt
+        w = m.dt * idle
+        if w <= 0:
+            return
+        n = m.naming
+        if n.cat == "python":
+            parts = (m.split or KernelSplit({CPU: 1.0})).shares
+        else:
+            parts = {n.cat: 1.0}
+        for cat, share in parts.items():
+            if share <= 0:
+                continue
+            s = w * share
+            self.seconds[cat] += s
+            if n.frame is not None and cat in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT):
+                self.frames.setdefault(cat, Counter())[n.frame] += s
+                self.paths.setdefault(n.frame, n.path)
+            if cat == CPU:
+                self.owners[n.leaf_owner] += s
+
+    def shares(self) -> dict[str, float | None]:
+        if self.total_s <= 0:
+            return dict.fromkeys(CATEGORIES)
+        out = {c: self.seconds.get(c, 0.0) / self.total_s for c in CATEGORIES}
+        if not self.with_gpu:
+            out[GPU_BUSY] = None
+        return out
+
+    def top_frames(self, cat: str, n: int = TOP_FRAMES) -> list[list]:
+        """[[frame, share of the whole budget, owner], ...] of one category, largest first."""
+        got = self.frames.get(cat)
+        if not got or self.total_s <= 0:
+            return []
+        return [[f, round(s / self.total_s, 4), owner(self.paths.get(f) or "")] for f, s in got.most_common(n)]
+
+    def largest_lost(self) -> tuple[str | None, float]:
+        sh = self.shares()
+        best = max(((c, sh[c] or 0.0) for c in LOST), key=lambda x: x[1], default=(None, 0.0))
+        return best
+
+    def to_data(self) -> dict:
+        """The JSON form shared by the ``budget`` samples, the report and the exporter."""
+        sh = self.shares()
+        owners_total = sum(self.owners.values())
+        cause, lost = self.largest_lost()
+        return {
+            "seconds": round(self.total_s, 3),
+            "shares": {c: (None if v is None else round(v, 4)) for c, v in sh.items()},
+            "largest": cause if lost > 0 else None,
+            "frames": {c: self.top_frames(c) for c in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT) if self.frames.get(c)},
+            "cpu_owners": {k: round(v / owners_total, 3) for k, v in self.owners.most_common(6)} if owners_total else {},
+        }
+
+
+def budget_of(moments) -> Budget:
+    b = Budget()
+    for m in moments:
+        b.add(m)
+    return b

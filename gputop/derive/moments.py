@@ -1,0 +1,197 @@
+"""From raw samples to *moments*: each py-spy sample of the main thread, placed in time, named
+by its frames, and joined with the GPU's busy fraction at that moment and the kernel's view of
+the thread in that second. The time budget (gputop.derive.budget), the stall finder
+(gputop.derive.stalls) and the phases (gputop.derive.phases) read moments.
+
+A stacks sample with ``seq`` (the samples' order) gives each sample its own moment; an older
+recording without it spreads the window's samples evenly and gives them the window's mean GPU
+busy, which is right on average and says nothing about bursts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+
+from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_STACKS, KIND_THREAD_KERNEL
+from gputop.derive.budget import BLOCKED, COLLECTIVE, DATA, IO, SYNC, KernelSplit, Moment, Naming, name_stack
+
+SETTLE_S = 3.0   # a py-spy window's moments are final once the GPU and kernel samples after it are in
+_NAMED_OFF = (DATA, SYNC, BLOCKED, COLLECTIVE, IO)
+_NUM = (int, float)
+
+
+def chosen_gpus(store, only: list[str] | None = None) -> list[str]:
+    """The GPUs that judge the job: one rank's, else those the target uses, else those the
+    user chose, else all watched (the same choice the verdict signals make)."""
+    infos = store.latest_of_kind(KIND_GPU_INFO)
+    if only:
+        return list(only)
+    for by in ("target", "user"):
+        keys = [k for k, s in infos.items() if s.get("chosen_by") == by]
+        if keys:
+            return keys
+    keys = [k for k, s in infos.items() if s.get("watched") is not False]
+    return keys or list(store.latest_of_kind(KIND_GPU))
+
+
+class GpuBusy:
+    """The GPUs' busy fraction as a step function of time: each sample covers the time since
+    the one before it (GPM's definition). ``source``: "gpm", "util.gpu" or None."""
+
+    def __init__(self, store, since: float, keys: list[str]):
+        series = store.window(KIND_GPU, since)
+        self.lines: list[tuple[list[float], list[float]]] = []
+        self.source = None
+        gpm = any(type(s.get("sm_active")) in _NUM for k in keys for s in series.get(k, ()))
+        fieldname, scale = ("sm_active", 0.01) if gpm else ("util_gpu", 0.01)
+        for k in keys:
+            ts, vs = [], []
+            for s in series.get(k, ()):
+                v = s.data.get(fieldname)
+                if type(v) in _NUM:
+                    ts.append(s.t)
+                    vs.append(min(1.0, max(0.0, v * scale)))
+            if ts:
+                self.lines.append((ts, vs))
+        if self.lines:
+            self.source = "gpm" if gpm else "util.gpu"
+        self.newest = max((ts[-1] for ts, _ in self.lines), default=None)
+
+    def at(self, t: float) -> float | None:
+        vals = []
+        for ts, vs in self.lines:
+            i = bisect.bisect_left(ts, t)
+            if i < len(ts) and ts[i] - t <= 1.0:
+                vals.append(vs[i])
+        return sum(vals) / len(vals) if vals else None
+
+    def mean(self, t0: float, t1: float) -> float | None:
+        vals = []
+        for ts, vs in self.lines:
+            i, j = bisect.bisect_left(ts, t0), bisect.bisect_right(ts, t1)
+            if j > i:
+                vals.append(sum(vs[i:j]) / (j - i))
+        return sum(vals) / len(vals) if vals else None
+
+
+def main_thread(data, pid: str) -> dict | None:
+    threads = data.get("threads")
+    if not isinstance(threads, list):
+        return None
+    by_name = None
+    for th in threads:
+        if not isinstance(th, dict):
+            continue
+        if str(th.get("tid")) == pid:
+            return th
+        if th.get("name") == "MainThread":
+            by_name = th
+    return by_name
+
+
+class MomentBuilder:
+    """Moments of one process's main thread, built once per py-spy window and cached."""
+
+    def __init__(self, max_windows: int = 256):
+        self._cache: OrderedDict = OrderedDict()   # id(stacks sample) -> (sample, moments)
+        self._names: OrderedDict = OrderedDict()   # (id(sample), stack index) -> Naming
+        self.max_windows = max_windows
+
+    def reset(self) -> None:
+        self._cache.clear()
+        self._names.clear()
+
+    def moments(self, store, pid: str, since: float, now: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
+        """The moments since ``since``, oldest first, and the GPU source that judged them."""
+        stacks = [s for s in store.window(KIND_STACKS, since).get(pid, []) if s.get("main") is not False]
+        busy = GpuBusy(store, since - 2.0, gpus)
+        kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
+        out: list[Moment] = []
+        for s in stacks:
+            hit = self._cache.get(id(s))
+            if hit is not None and hit[0] is s:
+                out.extend(m for m in hit[1] if m.t >= since)
+                continue
+            ms = self._window(s, pid, busy, kernel)
+            settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
+                                                any(k.t >= s.t for k in kernel))
+            if settled:
+                self._cache[id(s)] = (s, ms)
+                while len(self._cache) > self.max_windows:
+                    self._cache.popitem(last=False)
+            out.extend(m for m in ms if m.t >= since)
+        return out, busy.source
+
+    def _naming(self, s, idx: int, frames, stack, code) -> Naming:
+        key = (id(s), idx)
+        got = self._names.get(key)
+        if got is None:
+            leaf = code.get(str(stack[-1])) if stack else None
+            got = self._names[key] = name_stack(frames, stack, leaf if isinstance(leaf, str) else None)
+            while len(self._names) > 16384:
+                self._names.popitem(last=False)
+        return got
+
+    def _window(self, s, pid: str, busy: GpuBusy, kernel: list) -> list[Moment]:
+        data = s.data
+        th = main_thread(data, pid)
+        frames, code = data.get("frames"), data.get("code") or {}
+        t0, dur = data.get("t0"), data.get("dur_s")
+        if th is None or not isinstance(frames, list) or type(t0) not in _NUM or type(dur) not in _NUM or dur <= 0:
+            return []
+        if not isinstance(code, dict):
+            code = {}
+        frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
+                  else ["?", "", 0] for f in frames]
+        stacks = []
+        for entry in th.get("stacks") or []:
+            try:
+                count, stack = entry
+                stacks.append((int(count), [int(i) for i in stack]))
+            except (TypeError, ValueError):
+                stacks.append((0, []))
+        unknown = Naming("unknown", None, None, "unknown", None)
+        names = [self._naming(s, i, frames, st, code) if st else unknown for i, (_c, st) in enumerate(stacks)]
+        seq = th.get("seq")
+        order: list[Naming] = []
+        timed = isinstance(seq, list) and len(seq) % 2 == 0 and all(type(x) is int for x in seq)
+        if timed:
+            for j in range(0, len(seq), 2):
+                i, count = seq[j], seq[j + 1]
+                order.extend([names[i] if 0 <= i < len(names) else unknown] * max(0, min(count, 100000)))
+        else:
+            for (count, _st), nm in zip(stacks, names):
+                order.extend([nm] * max(0, min(count, 100000)))
+        n = len(order)
+        if n == 0:
+            return []
+        dt = dur / n
+        mean_busy = None if timed else busy.mean(t0, t0 + dur)
+        ms = [Moment(t0 + (i + 0.5) * dt, dt, busy.at(t0 + (i + 0.5) * dt) if timed else mean_busy, nm)
+              for i, nm in enumerate(order)]
+        self._split(ms, pid, kernel)
+        return ms
+
+    @staticmethod
+    def _split(ms: list[Moment], pid: str, kernel: list) -> None:
+        """Give each "Python code" moment the kernel's split of the second it fell in."""
+        for k in kernel:
+            t0, dur = k.data.get("t0"), k.data.get("dur_s")
+            cols, rows = k.data.get("cols"), k.data.get("threads")
+            if type(t0) not in _NUM or type(dur) not in _NUM or not isinstance(cols, list) or not isinstance(rows, list):
+                continue
+            inside = [m for m in ms if t0 <= m.t < t0 + dur]
+            if not inside:
+                continue
+            idx = {c: i for i, c in enumerate(cols) if isinstance(c, str)}
+            row = next((r for r in rows if isinstance(r, list) and len(r) == len(cols) and "tid" in idx
+                        and str(r[idx["tid"]]) == pid), None)
+            if row is None:
+                continue
+            vals = {c: (row[i] if type(row[i]) in _NUM else None) for c, i in idx.items() if c not in ("tid", "name")}
+            named = sum(1 for m in inside if m.naming.cat in _NAMED_OFF) / len(inside)
+            split = KernelSplit.of(vals, named)
+            for m in inside:
+                if m.naming.cat == "python":
+                    m.split = split
