@@ -131,7 +131,7 @@ def lightning_mlp(m) -> None:
     data = torch.utils.data.TensorDataset(torch.randn(64 * 512, 256), torch.randint(0, 10, (64 * 512,)))
     loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
     trainer = L.Trainer(accelerator="auto", devices=1, max_epochs=10 ** 6, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Count()])
     trainer.fit(Net(), loader)
 
 
@@ -164,7 +164,9 @@ def checkpoint_stall(m, every_s: float = 4.0) -> None:
 
 
 def save_checkpoint(torch, model, opt, path: str) -> None:
+    t0 = time.monotonic()
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    print(f"stall {t0:.3f} {time.monotonic() - t0:.3f}", flush=True)
 
 
 def cpu_work(m, target_ms: float = 30.0) -> None:
@@ -277,4 +279,7 @@ def periodic_stall(m, every_s: float = 3.0, stall_s: float = 1.5) -> None:
 
 
 def push_metrics(seconds: float) -> None:
+    t0 = time.monotonic()
     time.sleep(seconds)
+    # the loop's own record of each stall, for benchmarks to compare gputop's period with
+    print(f"stall {t0:.3f} {time.monotonic() - t0:.3f}", flush=True)

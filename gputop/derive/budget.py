@@ -234,3 +234,22 @@ def budget_of(moments) -> Budget:
     for m in moments:
         b.add(m)
     return b
+
+
+def budget_text(data: dict, below: float | None = None) -> str:
+    """One line for a budget's JSON form: "GPU busy 78%; no single cause above 10%: Python/CPU
+    code 9% (step (train.py:42)), waiting for data 5%" — what the UI and the report say when no
+    verdict holds, so a busy-but-not-saturated GPU is never met with silence."""
+    shares = data.get("shares") or {}
+    busy = shares.get(GPU_BUSY)
+    head = f"GPU busy {busy * 100:.0f}%" if isinstance(busy, (int, float)) else "no GPU counters"
+    lost = sorted(((c, v) for c, v in shares.items() if c in LOST and isinstance(v, (int, float)) and v >= 0.005),
+                  key=lambda kv: -kv[1])
+    parts = []
+    for c, v in lost[:3]:
+        frames = (data.get("frames") or {}).get(c) or []
+        where = f" ({frames[0][0]})" if frames and isinstance(frames[0], list) else ""
+        parts.append(f"{LABELS[c]} {v * 100:.0f}%{where}")
+    if below is not None:
+        head += f"; no single cause above {below * 100:.0f}%"
+    return head + (": " + ", ".join(parts) if parts else "")

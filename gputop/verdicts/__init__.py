@@ -1,14 +1,16 @@
 """Verdict rules: pure functions from a window of samples to findings with evidence.
 
 ``default_processors()`` is the chain every session runs (live, replay, report): thread
-states from stacks first, then the verdict engine that reads them.
+states from stacks first, then the time budget and the phases, then the verdict engine
+that reads them all.
 """
 
 from __future__ import annotations
 
 
 def default_processors() -> list:
+    from gputop.derive.budget_processor import BudgetProcessor
     from gputop.derive.threads import ThreadStateProcessor
     from gputop.verdicts.engine import VerdictEngine
 
-    return [ThreadStateProcessor(), VerdictEngine()]
+    return [ThreadStateProcessor(), BudgetProcessor(), VerdictEngine()]

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gputop.catalogue import KIND_PHASE
+from gputop.derive.budget import budget_text
+from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP
 from gputop.model import Sample
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
@@ -29,6 +32,7 @@ ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (n
 LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
 LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
 MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
+MIN_WINDOW_S = 3.0   # a training stretch younger than this is judged over its first seconds
 NO_GPU_AFTER_EVALUATIONS = 10  # only after 10 s without GPU counters or steps say there are none
 # verdicts that describe the GPU's state rather than a cause of lost time
 NOT_A_CAUSE = tuple(s.id for s in specs() if not s.names_cause)
@@ -54,7 +58,7 @@ class VerdictEngine:
         self.states.clear()
         self.evaluations = 0
 
-    def evaluate(self, store, now: float) -> dict[str, Finding]:
+    def evaluate(self, store, now: float, window_s: float | None = None) -> dict[str, Finding]:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
         main thread and probe); a verdict then takes the rank where it holds most strongly and
         names it, and ``straggler_rank`` compares the ranks with each other."""
@@ -62,11 +66,11 @@ class VerdictEngine:
         if len(ranks) < 2:
             # one rank under a launcher (torchrun --nproc-per-node 1) is judged as itself,
             # not through the launcher's idle main thread
-            self.last_signals = build_signals(store, now, self.window_s, rank=ranks[0] if ranks else None)
+            self.last_signals = build_signals(store, now, window_s or self.window_s, rank=ranks[0] if ranks else None)
             return self._apply(self.last_signals)
         per_rank = []
         for r in ranks:
-            sig = build_signals(store, now, self.window_s, rank=r)
+            sig = build_signals(store, now, window_s or self.window_s, rank=r)
             per_rank.append((r, sig, self._apply(sig)))
         self.last_signals = per_rank[0][1]
         found: dict[str, Finding] = {}
@@ -89,6 +93,11 @@ class VerdictEngine:
             f = rule(sig)
             if f is not None:
                 found[f.id] = f
+        launch, host = found.get("launch_bound"), found.get("host_bound")
+        if launch is not None and host is not None and launch.level >= 1.0:
+            # the CPU time is spent launching kernels too small to fill the GPU: the more
+            # specific explanation of the same host-bound loop
+            found["host_bound"] = replace(host, level=0.0)
         idle = found.get("gpu_idle")
         if idle is not None and idle.level >= 1.0 and any(
                 f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):
@@ -97,7 +106,18 @@ class VerdictEngine:
         return found
 
     def process(self, store, now: float) -> list[Sample]:
-        found = self.evaluate(store, now)
+        phase = store.latest(KIND_PHASE, "main")
+        ph = phase.get("phase") if phase is not None else None
+        if ph is not None and ph not in JUDGED:
+            # start-up, evaluation and the end are not training: no verdict is about them, and the
+            # verdicts' states wait for training to resume
+            self.evaluations += 1
+            return [Sample(now, KIND_VERDICT_PRIMARY, "primary", {
+                "id": None, "others": [], "phase": ph, "why": self._why_phase(phase)})]
+        window = self.window_s
+        if ph is not None and isinstance(phase.get("training_since"), (int, float)):
+            window = max(MIN_WINDOW_S, min(window, now - phase.get("training_since")))
+        found = self.evaluate(store, now, window)
         self.evaluations += 1
         out: list[Sample] = []
         for vid in sorted(set(found) | set(self.states), key=lambda v: ORDER.get(v, UNKNOWN_ORDER)):
@@ -135,7 +155,7 @@ class VerdictEngine:
                 out.append(Sample(now, KIND_VERDICT, vid, self._data(st, now)))
         ranked = self.ranked()
         primary = ranked[0] if ranked else None
-        pdata = {"id": None, "others": [v for v, _ in ranked[1:]], "why": self._why_none()}
+        pdata = {"id": None, "others": [v for v, _ in ranked[1:]], "why": self._why_none(), "phase": ph}
         if primary is not None:
             vid, st = primary
             pdata.update({"id": vid, "title": st.last.title, "summary": st.last.summary,
@@ -156,7 +176,23 @@ class VerdictEngine:
         if "nvml" not in sig.have and "probe" not in sig.have:
             return ("no GPU counters and no training steps seen: the verdicts judge GPU training "
                     "jobs (the host and Python panels still apply)")
+        budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else None
+        if budget and isinstance(budget.get("shares"), dict):
+            # never silent on a busy-but-not-saturated GPU: say where the rest of the time went
+            return budget_text(budget, below=MIN_PRIMARY_LOSS)
         return "no bottleneck rule holds now"
+
+    @staticmethod
+    def _why_phase(phase) -> str:
+        ph = phase.get("phase")
+        if ph == STARTUP:
+            text = phase.get("startup_text") or "start-up"
+            return f"{text} so far (before the first training step): verdicts judge training"
+        if ph == EVALUATION:
+            return "evaluating (forward passes without optimizer steps): verdicts judge training"
+        if ph == ENDED:
+            return "the job has ended"
+        return str(phase.get("label") or ph)
 
     def ranked(self) -> list[tuple[str, VerdictState]]:
         """Active verdicts, most lost throughput first; small losses count as none, and ties go

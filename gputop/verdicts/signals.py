@@ -18,8 +18,9 @@ from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.catalogue import KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
 
+BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
 
 THERMAL_EVENTS = ("sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake")
@@ -146,6 +147,7 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
             sig.have.add("psi")
             sig.set("host.psi_mem_some_pct", _mean(psi))
             sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
+        sig.set("host.psi_io_some_pct", _mean(s.get("psi_io_some_pct") for s in system))
     procs = _window(store, KIND_PROC, since)
     workers = []
     for pid, samples in procs.items():
@@ -211,6 +213,22 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
         sig.facts["sync_top"] = sync.get("lines")[0]
 
 
+def _budget_signals(store, now: float, sig: Signals, pid: str | None = None) -> None:
+    """The time budget of the judged window (gputop.derive.budget_processor): ``budget.<share>``
+    and, as a fact, the whole budget (frames, stalls, probe split) for the rules' evidence."""
+    b = store.latest(KIND_BUDGET, "window")
+    if b is None or b.t < now - BUDGET_STALE_S or (pid is not None and b.get("pid") != pid):
+        return
+    shares = b.get("shares")
+    if not isinstance(shares, dict):
+        return
+    sig.have.add("budget")
+    for name, v in shares.items():
+        if isinstance(name, str):
+            sig.set(f"budget.{name}", v)
+    sig.facts["budget"] = dict(b.data)
+
+
 def _pending(store, sig: Signals) -> None:
     health = store.latest_of_kind(KIND_HEALTH)
     stacks = health.get("stacks")
@@ -247,6 +265,7 @@ def build_signals(store, now: float, window_s: float = WINDOW_S, rank: dict | No
     _host_signals(store, since, sig, pid)
     _stack_signals(store, since, sig, pid)
     _probe_signals(store, since, sig, pid)
+    _budget_signals(store, now, sig, pid)
     _pending(store, sig)
     if rank:
         sig.facts["rank"] = rank.get("rank")

@@ -1,0 +1,194 @@
+"""The processor that keeps the time budget and the phases, live and in replay.
+
+Every second it publishes:
+
+- ``budget``/"window": the budget of the last ``WINDOW_S`` seconds of the current phase (the
+  window starts no earlier than the phase did, so training is never judged with start-up in
+  it), with its stalls, and the probe's split of each step when there is a probe;
+- ``phase``/"main": the job's phase, on change and every ``PHASE_EVERY_S``, with the start-up's
+  length and parts;
+- every ``SESSION_EVERY_S``, ``budget``/"session": the budget of the whole session so far, per
+  phase — what the report shows. Every py-spy window is added to it exactly once, when its
+  moments are final (GPU and kernel samples after it are in).
+
+The process judged is the one the verdicts judge: the lowest running rank of a distributed job,
+else the target.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gputop.catalogue import KIND_BUDGET, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_TARGET
+from gputop.derive import frame_rules as fr
+from gputop.derive import phases as ph
+from gputop.derive.budget import UNKNOWN, Budget, Moment, Naming, budget_of
+from gputop.derive.moments import SETTLE_S, GpuBusy, MomentBuilder, chosen_gpus
+from gputop.derive.ranks import rank_table
+from gputop.derive.stalls import describe, find_stalls
+from gputop.derive.steps import pool_steps
+from gputop.model import Sample
+
+WINDOW_S = 20.0          # long enough to see a stall that comes back every few seconds
+MIN_WINDOW_S = 2.0       # a phase younger than this is judged over its first seconds anyway
+PHASE_EVERY_S = 10.0
+SESSION_EVERY_S = 5.0
+_GPU_ONLY = Naming(UNKNOWN, None, None, "unknown", None)
+
+
+def judged_process(store, now: float) -> tuple[str | None, list[str] | None]:
+    """(PID, its GPUs or None) of the process whose main thread the budget follows."""
+    ranks = [r for r in rank_table(store, now) if r.get("state") != "exited" and r.get("rank") is not None]
+    if len(ranks) >= 1:
+        r = min(ranks, key=lambda r: r["rank"] if isinstance(r["rank"], int) else 1 << 30)
+        gpu = r.get("gpu")
+        return str(r["pid"]), ([str(gpu)] if gpu is not None else None)
+    mains = [k for k, s in store.latest_of_kind(KIND_STACKS).items() if s.get("main") is True]
+    if mains:
+        return mains[0], None
+    target = store.latest_of_kind(KIND_TARGET)
+    return (next(iter(target)) if target else None), None
+
+
+class BudgetProcessor:
+    name = "budget"
+    produces = (KIND_BUDGET, KIND_PHASE)
+    interval_s = 1.0
+
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
+        self.reset()
+
+    def reset(self) -> None:
+        self.builder = MomentBuilder()
+        self.tracker = ph.PhaseTracker()
+        self.session: dict[str, Budget] = {}
+        self.done_t = float("-inf")      # py-spy windows ending at or before this are in the session budget
+        self.phase_said_t = None
+        self.session_said_t = None
+        self.pid = None
+
+    def process(self, store, now: float) -> list[Sample]:
+        pid, only = judged_process(store, now)
+        if pid is None:
+            return []
+        if pid != self.pid:
+            self.pid = pid
+        gpus = chosen_gpus(store, only)
+        out: list[Sample] = []
+        changed = self._settle(store, now, pid, gpus)
+        target = store.latest(KIND_TARGET, pid)
+        if target is not None and target.get("state") == "exited":
+            changed = self.tracker.ended(target.t) or changed
+        phase = self.tracker.phase
+        if changed or self.phase_said_t is None or now - self.phase_said_t >= PHASE_EVERY_S:
+            if phase is not None:
+                out.append(Sample(now, KIND_PHASE, "main", self.phase_data(now)))
+                self.phase_said_t = now
+        since = now - self.window_s
+        if phase is not None and self.tracker.since is not None:
+            start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
+            if start is not None:
+                since = max(since, min(start, now - MIN_WINDOW_S))
+        moments, source = self.builder.moments(store, pid, since, now, gpus)
+        if not moments:
+            moments, source = self._gpu_only(store, since, gpus)
+        if moments:
+            b = budget_of(moments)
+            data = b.to_data()
+            span = max(1e-6, moments[-1].t - moments[0].t + moments[-1].dt)
+            data.update({"window_s": round(now - since, 2), "gpu_source": source, "phase": phase, "pid": pid,
+                         "from": "stacks" if moments[0].naming is not _GPU_ONLY else "gpu",
+                         "stalls": describe(find_stalls(moments), span)})
+            split = self._probe_split(store, pid, since)
+            if split:
+                data["probe"] = split
+            out.append(Sample(now, KIND_BUDGET, "window", data))
+        if self.session and (self.session_said_t is None or now - self.session_said_t >= SESSION_EVERY_S):
+            out.append(Sample(now, KIND_BUDGET, "session", self.session_data(now)))
+            self.session_said_t = now
+        return out
+
+    def finish(self, now: float) -> Sample | None:
+        """The session budget as it stands (the report asks for it at the end of a file)."""
+        return Sample(now, KIND_BUDGET, "session", self.session_data(now)) if self.session else None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _settle(self, store, now: float, pid: str, gpus: list[str]) -> bool:
+        """Give every py-spy window that became final to the phase tracker and the session."""
+        changed = False
+        windows = [s for s in store.window(KIND_STACKS, self.done_t).get(pid, [])
+                   if s.t > self.done_t and s.get("main") is not False]
+        if not windows:
+            return False
+        kernel_newest = store.latest("thread_kernel", pid)
+        busy = GpuBusy(store, now - 1.0, gpus)
+        probe = store.window(KIND_PROBE_STEP, windows[0].t - 30.0).get(pid, [])
+        for s in windows:
+            final = s.t <= now - SETTLE_S or (kernel_newest is not None and kernel_newest.t >= s.t
+                                             and (busy.newest is None or busy.newest >= s.t))
+            if not final:
+                break
+            ms, _src = self.builder.moments(store, pid, s.t - float(s.get("dur_s") or 2.0) - 0.5, now, gpus)
+            ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
+            t0 = ms[0].t - ms[0].dt / 2 if ms else s.t
+            hints = Counter(m.naming.hint for m in ms if m.naming.hint)
+            steps = sum(int(p.get("step_n") or 0) for p in probe if t0 - 0.5 <= p.t <= s.t + 0.5)
+            before = self.tracker.phase
+            # training starts at its first backward/optimizer moment, not at the window's start
+            first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
+            if self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, s.t, hints, len(ms),
+                                   ms[0].dt if ms else 0.0, steps):
+                changed = True
+            phase = self.tracker.phase or ph.STARTUP
+            for m in ms:
+                p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase
+                self.session.setdefault(p, Budget()).add(m)
+            self.done_t = s.t
+        return changed
+
+    @staticmethod
+    def _gpu_only(store, since: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
+        """Without stacks: the GPU's busy samples alone; the idle time is "not attributable"."""
+        busy = GpuBusy(store, since, gpus)
+        ms = []
+        for ts, vs in busy.lines[:1]:
+            for i, (t, v) in enumerate(zip(ts, vs)):
+                if t >= since:
+                    dt = (t - ts[i - 1]) if i > 0 else 0.1
+                    ms.append(Moment(t, min(max(dt, 0.01), 1.0), v, _GPU_ONLY))
+        return ms, busy.source
+
+    @staticmethod
+    def _probe_split(store, pid: str, since: float) -> dict | None:
+        """Each step's split from the probe's own events: data wait, GPU time, the rest."""
+        windows = store.window(KIND_PROBE_STEP, since).get(pid, [])
+        if not windows:
+            return None
+        pool = pool_steps(windows)
+        if not pool.timed_steps:
+            return None
+        data = pool.data_wait_share
+        gpu = pool.gpu_share
+        host = None
+        if data is not None and gpu is not None:
+            host = max(0.0, 1.0 - data - min(gpu, 1.0 - data))
+        return {"steps_per_s": _r(pool.steps_per_training_s), "step_ms": _r(pool.step_ms_mean),
+                "data_wait_share": _r(data), "gpu_share": _r(gpu), "host_share": _r(host),
+                "syncs_per_step": _r(pool.syncs_per_step)}
+
+    def phase_data(self, now: float) -> dict:
+        t = self.tracker
+        return {"phase": t.phase, "label": ph.LABELS.get(t.phase, t.phase), "since": t.since,
+                "training_since": t.training_since, "startup": t.startup(now),
+                "startup_text": t.describe_startup(now)}
+
+    def session_data(self, now: float) -> dict:
+        return {"phases": {p: b.to_data() for p, b in self.session.items()},
+                "startup": self.tracker.startup(now), "startup_text": self.tracker.describe_startup(now),
+                "changes": self.tracker.changes[-200:]}
+
+
+def _r(x, nd: int = 4):
+    return None if x is None else round(x, nd)

@@ -1,0 +1,133 @@
+"""The rules that read the time budget (gputop.derive.budget): the causes of lost GPU time
+that the catalogue of textbook bottlenecks has no name for, found on real training code.
+
+- ``host_bound``: the GPU waits while the main thread computes on the CPU in named code (CPU
+  tensor ops, metrics, a framework's per-step Python);
+- ``io_stall``: the loop blocks in file I/O (torch.save, safetensors, numpy, logging), also
+  when it does so only every N seconds;
+- ``loop_blocked``: the loop sleeps or waits off the CPU (a lock, a socket, a synchronous
+  upload) while the GPU has nothing to do.
+
+Each one's lost share *is* its budget share: the primary verdict is the largest lost share.
+When the budget's stalls come back at a steady interval, the evidence names period and length.
+"""
+
+from __future__ import annotations
+
+from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO, LABELS
+from gputop.verdicts.finding import SEVERITY_WARNING, Finding
+from gputop.verdicts.registry import verdict
+from gputop.verdicts.rules import _pct, _r
+from gputop.verdicts.signals import Signals
+
+HOST_BOUND_SHARE = 0.20     # of wall time: the GPU idle while the main thread runs CPU code
+IO_STALL_SHARE = 0.05       # of wall time: the GPU idle while the main thread does file I/O
+LOOP_BLOCKED_SHARE = 0.15   # of wall time: the GPU idle while the main thread sleeps or waits
+FRAMEWORK_CPU_SHARE = 0.40  # of the CPU time: then it is the framework's per-step code
+
+
+def _frames(budget: dict, cat: str, n: int = 3) -> list:
+    return ((budget.get("frames") or {}).get(cat) or [])[:n]
+
+
+def _top_frame(budget: dict, cat: str) -> str | None:
+    """The frame that names the cause: the job's own code first, else whoever's it is."""
+    frames = _frames(budget, cat, 8)
+    for f in frames:
+        if isinstance(f, list) and len(f) >= 3 and f[2] == "user":
+            return f[0]
+    return frames[0][0] if frames and isinstance(frames[0], list) else None
+
+
+def _stall_text(budget: dict, cat: str) -> tuple[str, dict]:
+    """("stops 1.5 s every 3.0 s in push_metrics (x.py:9)", evidence) when the budget's stalls are
+    this cause's and come back regularly; ("", {}) otherwise."""
+    st = budget.get("stalls")
+    if not isinstance(st, dict) or st.get("cause") != cat or not st.get("count"):
+        return "", {}
+    ev = {"stall_s": st.get("duration_s"), "stall_every_s": st.get("period_s") if st.get("periodic") else None,
+          "stalls": st.get("count")}
+    where = f" in {st['frame']}" if st.get("frame") else ""
+    if st.get("periodic") and st.get("period_s"):
+        return f"stops {st['duration_s']:.1f} s every {st['period_s']:.1f} s{where}", ev
+    if st["count"] >= 2:
+        return f"{st['count']} stalls of ~{st['duration_s']:.1f} s{where}", ev
+    return "", ev
+
+
+def _evidence(sig: Signals, budget: dict, cat: str) -> dict:
+    return {f"{cat}_share_pct": _pct(sig.get(f"budget.{cat}")), "gpu_busy_pct": _pct(sig.get("budget.gpu_busy")),
+            "gpu_from": budget.get("gpu_source"), "window_s": budget.get("window_s"),
+            "top_frames": [f"{f[0]} {f[1] * 100:.0f}%" for f in _frames(budget, cat) if isinstance(f, list)] or None}
+
+
+@verdict(title="Host-bound: the GPU waits for Python/CPU code", severity=SEVERITY_WARNING, order=95,
+         meaning="the GPU is idle >= {HOST_BOUND_SHARE:.0%} of the time while the main thread runs CPU code "
+                 "(named by its frames)")
+def host_bound(sig: Signals) -> Finding | None:
+    share, budget = sig.get(f"budget.{CPU}"), sig.facts.get("budget")
+    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+        return None
+    owners = budget.get("cpu_owners") or {}
+    framework = {k: v for k, v in owners.items() if k in FRAMEWORKS}
+    fw_share = sum(framework.values())
+    where = _top_frame(budget, CPU)
+    if fw_share >= FRAMEWORK_CPU_SHARE:
+        names = ", ".join(sorted(framework, key=lambda k: -framework[k]))
+        advice = (f"Most of that CPU time is the framework's own per-step code ({names}: hooks, logging, the "
+                  "optimizer closure): give each step more GPU work (a larger batch, or gradient accumulation "
+                  "with a larger micro-batch), log less often (log_every_n_steps / logging_steps), and capture "
+                  "the step with torch.compile or CUDA graphs.")
+    else:
+        advice = ("Move the CPU work out of the training loop: augmentation, tokenising and decoding into "
+                  "DataLoader workers (num_workers), tensor work onto the GPU; compute metrics on the GPU and "
+                  "read them every N steps; raise the batch size so the fixed per-step cost counts less.")
+    if where:
+        advice = f"The hottest code is {where}. " + advice
+    stall, sev = _stall_text(budget, CPU)
+    summary = f"GPU idle {share * 100:.0f}% of the time while the main thread runs CPU code" + (
+        f", mostly {where}" if where else "") + (f"; {stall}" if stall else "")
+    ev = {**_evidence(sig, budget, CPU), "cpu_owners_pct": {k: _pct(v) for k, v in owners.items()} or None, **sev}
+    return host_bound.spec.finding(level=share / HOST_BOUND_SHARE, lost_share=share, confidence=0.8,
+                                   evidence=ev, advice=advice, summary=summary)
+
+
+@verdict(title="I/O stall: the loop waits for file I/O (checkpoints, logs)", severity=SEVERITY_WARNING,
+         order=65, meaning="the GPU is idle >= {IO_STALL_SHARE:.0%} of the time while the main thread does file "
+                           "I/O: torch.save/load, safetensors, numpy, logging")
+def io_stall(sig: Signals) -> Finding | None:
+    share, budget = sig.get(f"budget.{IO}"), sig.facts.get("budget")
+    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+        return None
+    where = _top_frame(budget, IO)
+    stall, sev = _stall_text(budget, IO)
+    psi = sig.get("host.psi_io_some_pct")
+    summary = f"GPU idle {share * 100:.0f}% of the time in file I/O" + (f" ({where})" if where else "") + (
+        f"; {stall}" if stall else "")
+    advice = ("Take file I/O off the training loop's critical path: save checkpoints asynchronously "
+              "(torch.distributed.checkpoint.async_save, or copy the state to the host and write it from a "
+              "thread), less often, or to faster local storage; log to files every N steps, not every step.")
+    return io_stall.spec.finding(level=share / IO_STALL_SHARE, lost_share=share, confidence=0.8,
+                                 evidence={**_evidence(sig, budget, IO), "psi_io_some_pct": _r(psi), **sev},
+                                 advice=advice, summary=summary)
+
+
+@verdict(title="Loop blocked: sleeps, locks or network calls keep the GPU waiting", severity=SEVERITY_WARNING,
+         order=67, meaning="the GPU is idle >= {LOOP_BLOCKED_SHARE:.0%} of the time while the main thread is "
+                           "blocked off the CPU (sleep, lock, queue, socket)")
+def loop_blocked(sig: Signals) -> Finding | None:
+    share, budget = sig.get(f"budget.{BLOCKED}"), sig.facts.get("budget")
+    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+        return None
+    where = _top_frame(budget, BLOCKED)
+    stall, sev = _stall_text(budget, BLOCKED)
+    summary = f"GPU idle {share * 100:.0f}% of the time while the main thread is {LABELS[BLOCKED]}" + (
+        f" in {where}" if where else "") + (f"; {stall}" if stall else "")
+    advice = ("The training loop waits on something other than the GPU or its data: move synchronous "
+              "calls (metric uploads, RPCs, waiting on a lock or a queue) to a background thread, or make "
+              "them less frequent; remove sleeps from the loop.")
+    if where:
+        advice = f"It waits in {where}. " + advice
+    return loop_blocked.spec.finding(level=share / LOOP_BLOCKED_SHARE, lost_share=share, confidence=0.75,
+                                     evidence={**_evidence(sig, budget, BLOCKED), **sev}, advice=advice,
+                                     summary=summary)
