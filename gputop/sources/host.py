@@ -48,6 +48,7 @@ from gputop.sources.procfs import (CLK_TCK, F_MAJFLT, F_PPID, F_RSS, F_STIME, F_
 # The role words, re-exported: they were defined here before gputop/sources/procfs.py.
 from gputop.sources.procfs import MP_HELPERS, ROLE_CHILD, ROLE_MAIN, ROLE_WORKER, WORKER_NAMES  # noqa: F401
 from gputop.sources.ranks import RankFinder
+from gputop.sources.cgroups import Cgroup  # noqa: F401 (re-exported)
 from gputop.sources.system import SystemSampler
 
 MAX_THREAD_ROWS = 256        # more threads than this in the main process: the busiest are shown
