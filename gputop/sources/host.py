@@ -24,6 +24,10 @@ fail with ESRCH even if its PID is reused. psutil is used for what is read once 
 Context switches are summed over all threads of a process: /proc/PID/status (and psutil's
 ``num_ctx_switches``) count only the process's *main thread*.
 
+Where the parts live: the /proc parsing, roles and held files in gputop/sources/procfs.py, one
+process's readers in host_procs.py, the ``system`` sample in system.py (with the cgroup in
+cgroups.py); this module is the source: the tick, the tree, the rows, health.
+
 Sources must not import gputop.session: the clock is duck-typed (``clock.now()``).
 """
 
@@ -31,35 +35,25 @@ from __future__ import annotations
 
 import os
 import random
-import resource
-import threading
 import time
 from collections import deque
 
 from gputop.model import (KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET,
-                          KIND_THREAD, MetricSpec, RateTracker, Sample, clean_float, health_data)
+                          KIND_THREAD, MetricSpec, Sample, clean_float, health_data)
+from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
+from gputop.sources.host_procs import ProcFiles, TaskFiles
+from gputop.sources.procfs import (CLK_TCK, F_MAJFLT, F_PPID, F_RSS, F_STIME, F_THREADS, F_UTIME, GONE_STATES,
+                                   PAGE_SIZE, STATE_WORDS, FdBudget, Gone, is_mp_helper, parse_kv, parse_stat,
+                                   process_role, schedstat_works)
+# The role words, re-exported: they were defined here before gputop/sources/procfs.py.
+from gputop.sources.procfs import MP_HELPERS, ROLE_CHILD, ROLE_MAIN, ROLE_WORKER, WORKER_NAMES  # noqa: F401
 from gputop.sources.ranks import RankFinder
+from gputop.sources.cgroups import Cgroup  # noqa: F401 (re-exported)
+from gputop.sources.system import SystemSampler
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-HEALTH_EVERY_S = 5.0
 MAX_THREAD_ROWS = 256        # more threads than this in the main process: the busiest are shown
-LIMIT_REFRESH_S = 5.0        # how often the cgroup's limits (not its counters) are re-read
-UNLIMITED = 1 << 60          # cgroup v1 says "no limit" with a huge number (PAGE_COUNTER_MAX)
 REFRESH_IDLE_TICKS = 4       # a thread that did not run: re-read its name and state every N ticks
 COST_WARN_PCT = 5.0          # own sampling CPU above this (% of one core): health says so
-
-ROLE_MAIN = "main"
-ROLE_WORKER = "dataloader_worker"
-ROLE_CHILD = "child"
-WORKER_NAMES = ("pt_data_worker",)  # torch >= 1.x names a DataLoader worker's main thread so
-MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
-              "multiprocessing.forkserver")
-
-# /proc state letters in the words psutil uses.
-STATE_WORDS = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
-               "t": "tracing-stop", "Z": "zombie", "X": "dead", "x": "dead", "I": "idle",
-               "P": "parked", "W": "waking", "K": "wake-kill"}
 
 
 def _m(kind, field, unit, label, help, aggregate=True):
@@ -109,130 +103,6 @@ METRICS: list[MetricSpec] = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading /proc cheaply
-
-
-class _Gone(Exception):
-    """The process or thread behind a file no longer exists."""
-
-
-class _FdBudget:
-    """How many /proc files may stay open: half the soft RLIMIT_NOFILE, so gputop's other parts
-    (the recording, py-spy pipes, sockets) never run short. Beyond it files are re-opened at
-    every read: slower, still correct."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        if limit is None:
-            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if soft == resource.RLIM_INFINITY:
-                soft = 8192
-            limit = max(0, min(4096, soft // 2 - 32))
-        self.limit = self.left = limit
-
-    def take(self) -> bool:
-        if self.left > 0:
-            self.left -= 1
-            return True
-        return False
-
-    def give(self) -> None:
-        self.left += 1
-
-
-def _pread_all(fd: int, size: int) -> bytes:
-    data = os.pread(fd, size, 0)
-    while len(data) >= size:  # the text may be longer than the guess: read it whole
-        size *= 4
-        data = os.pread(fd, size, 0)
-    return data
-
-
-class _File:
-    """A /proc (or cgroup) file kept open and re-read from offset 0 at each read."""
-
-    __slots__ = ("path", "fd", "budget", "size")
-
-    def __init__(self, path: str, budget: _FdBudget | None, size: int = 4096) -> None:
-        self.path, self.budget, self.size, self.fd = path, budget, size, None
-        if budget is not None and budget.take():
-            try:
-                self.fd = os.open(path, os.O_RDONLY)
-            except (FileNotFoundError, ProcessLookupError):
-                budget.give()
-                raise _Gone(path) from None
-            except OSError:
-                budget.give()
-                raise  # PermissionError: the caller decides what that means
-        elif not os.path.exists(path):
-            raise _Gone(path)
-
-    def read(self) -> bytes:
-        try:
-            if self.fd is not None:
-                return _pread_all(self.fd, self.size)
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                return _pread_all(fd, self.size)
-            finally:
-                os.close(fd)
-        except (FileNotFoundError, ProcessLookupError):
-            raise _Gone(self.path) from None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = None
-            if self.budget is not None:
-                self.budget.give()
-
-
-def _parse_stat(data: bytes) -> tuple[str, str, list[bytes]]:
-    """(name, state letter, fields from field 3 on) of a /proc/.../stat line. The name is in
-    parentheses and may itself hold spaces and ')', so split at the last ')'."""
-    r = data.rfind(b")")
-    name = data[data.find(b"(") + 1:r].decode("utf-8", "replace")
-    fields = data[r + 2:].split()
-    return name, fields[0].decode(), fields
-
-
-# Indexes into _parse_stat's fields (man 5 proc field number minus 3).
-F_PPID, F_MAJFLT, F_UTIME, F_STIME, F_THREADS, F_RSS = 1, 9, 11, 12, 17, 21
-
-
-def _field_after(data: bytes, label: bytes) -> int | None:
-    """The number after ``label`` (which starts with a newline) up to the end of its line."""
-    i = data.find(label)
-    if i < 0:
-        return None
-    start = i + len(label)
-    end = data.find(b"\n", start)
-    words = data[start:end if end >= 0 else len(data)].split()
-    try:
-        return int(words[0])
-    except (IndexError, ValueError):
-        return None
-
-
-def _parse_ctx(status: bytes) -> tuple[int | None, int | None]:
-    return (_field_after(status, b"\nvoluntary_ctxt_switches:"),
-            _field_after(status, b"\nnonvoluntary_ctxt_switches:"))
-
-
-def _parse_kv(data: bytes) -> dict[bytes, int]:
-    """'name: value [kB]' or 'name value' lines (io, meminfo, vmstat, cpu.stat)."""
-    out = {}
-    for line in data.split(b"\n"):
-        parts = line.split()
-        if len(parts) >= 2:
-            try:
-                out[parts[0].rstrip(b":")] = int(parts[1])
-            except ValueError:
-                pass
-    return out
 
 
 def _pct(x: float | None) -> float | None:
@@ -249,318 +119,13 @@ def _bps(x: float | None) -> int | None:
     return None if x is None else int(round(x))
 
 
-def _schedstat_works() -> bool:
-    """/proc/PID/task/TID/schedstat gives run time, run-queue wait and time slices of a thread
-    (CONFIG_SCHED_INFO). Some kernels have the file but print zeros: this thread has surely
-    run, so a zero run time means the numbers are not kept."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb") as f:
-            return int(f.read().split()[0]) > 0
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-# ---------------------------------------------------------------------------------------------
-# The target's cgroup
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text.strip()) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _unescape_mount(path: str) -> str:
-    return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
-class Cgroup:
-    """The target's cgroup: where its CPU quota, throttling and memory numbers live.
-
-    v2: one hierarchy; the limits are the tightest ``cpu.max`` / ``memory.max`` from the
-    target's cgroup up to the root. v1: the ``cpu`` and ``memory`` hierarchies; the CPU limit is
-    the tightest ``cpu.cfs_quota_us / cpu.cfs_period_us`` up the tree, the memory limit is
-    ``memory.stat``'s ``hierarchical_memory_limit``. Throttling counters are read from the
-    cgroup that holds the tightest CPU quota (a pod-level quota throttles there, not below).
-    Where a controller is mounted in both (a hybrid host), the v1 hierarchy is the one in use.
-    """
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.version: str | None = None
-        self.cpu_dir: str | None = None          # the target's own cgroup (cpu controller)
-        self.cpu_limit_dir: str | None = None    # the one whose quota is tightest
-        self.cpu_v: str | None = None            # "v1" | "v2"
-        self.mem_dir: str | None = None
-        self.mem_v: str | None = None
-        self.problem: str | None = None
-        self.cpu_limit: float | None = None
-        self.mem_limit: int | None = None
-        self._limits_at = -1e9
-        self._budget = _FdBudget(limit=2)
-        self._held: dict[str, _File] = {}        # cpu.stat and memory.current (or v1 usage)
-        self.discover()
-
-    def discover(self) -> None:
-        mounts = _read_text("/proc/self/mountinfo")
-        groups = _read_text(f"/proc/{self.pid}/cgroup")
-        if mounts is None or groups is None:
-            self.problem = "cgroup not readable (/proc/self/mountinfo or /proc/PID/cgroup)"
-            return
-        v1: dict[str, tuple[str, str]] = {}     # controller -> (mount point, mount root)
-        v2: tuple[str, str] | None = None
-        for line in mounts.splitlines():
-            left, _, right = line.partition(" - ")
-            lf, rf = left.split(), right.split()
-            if len(lf) < 5 or len(rf) < 3:
-                continue
-            root, point, fstype = _unescape_mount(lf[3]), _unescape_mount(lf[4]), rf[0]
-            if fstype == "cgroup2" and v2 is None:
-                v2 = (point, root)
-            elif fstype == "cgroup":
-                for opt in rf[2].split(","):
-                    if opt in ("cpu", "memory") and opt not in v1:
-                        v1[opt] = (point, root)
-        paths_v1: dict[str, str] = {}
-        path_v2: str | None = None
-        for line in groups.splitlines():
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            hid, ctrls, path = parts
-            if hid == "0" and ctrls == "":
-                path_v2 = path
-            else:
-                for c in ctrls.split(","):
-                    paths_v1[c] = path
-        v2_ctrls = set()
-        if v2 is not None:
-            v2_ctrls = set((_read_text(os.path.join(v2[0], "cgroup.controllers")) or "").split())
-
-        def resolve(mount: tuple[str, str], path: str) -> str | None:
-            point, root = mount
-            rel = path
-            if root != "/" and (path == root or path.startswith(root + "/")):
-                rel = path[len(root):]
-            d = os.path.normpath(point + "/" + rel.lstrip("/"))
-            return d if os.path.isdir(d) else None
-
-        found = []
-        for ctrl in ("cpu", "memory"):
-            d, ver = None, None
-            if ctrl in v1 and ctrl in paths_v1:
-                d, ver = resolve(v1[ctrl], paths_v1[ctrl]), "v1"
-            elif v2 is not None and path_v2 is not None and ctrl in v2_ctrls:
-                d, ver = resolve(v2, path_v2), "v2"
-            if d is None:
-                continue
-            found.append(ver)
-            if ctrl == "cpu":
-                self.cpu_dir, self.cpu_v = d, ver
-                self._cpu_mount = v1[ctrl][0] if ver == "v1" else v2[0]
-            else:
-                self.mem_dir, self.mem_v = d, ver
-                self._mem_mount = v1[ctrl][0] if ver == "v1" else v2[0]
-        self.version = "+".join(sorted(set(found))) or None
-        if not found:
-            self.problem = "no cgroup cpu or memory controller found for the target"
-        self.refresh_limits(force=True)
-
-    @staticmethod
-    def _ancestors(d: str, mount: str) -> list[str]:
-        out = [d]
-        while d != mount and len(d) > len(mount):
-            d = os.path.dirname(d)
-            out.append(d)
-        return out
-
-    def refresh_limits(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._limits_at < LIMIT_REFRESH_S:
-            return
-        self._limits_at = now
-        if self.cpu_dir is not None:
-            best, best_dir = None, None
-            for d in self._ancestors(self.cpu_dir, self._cpu_mount):
-                if self.cpu_v == "v2":  # "max 100000" or "50000 100000"
-                    words = (_read_text(os.path.join(d, "cpu.max")) or "").split() + ["", ""]
-                    q, p = _int(words[0]), _int(words[1])
-                else:                   # quota -1 = none
-                    q = _int(_read_text(os.path.join(d, "cpu.cfs_quota_us")))
-                    p = _int(_read_text(os.path.join(d, "cpu.cfs_period_us")))
-                if q is not None and p and q > 0 and (best is None or q / p < best):
-                    best, best_dir = q / p, d
-            self.cpu_limit = best
-            self.cpu_limit_dir = best_dir or self.cpu_dir
-        if self.mem_dir is not None:
-            limit = None
-            if self.mem_v == "v2":
-                for d in self._ancestors(self.mem_dir, self._mem_mount):
-                    # memory.high counts too: above it the kernel throttles and reclaims the
-                    # cgroup hard (no OOM kill), which is where a job feels the limit
-                    for name in ("memory.max", "memory.high"):
-                        value = _int(_read_text(os.path.join(d, name)))  # "max" = none
-                        if value is not None and (limit is None or value < limit):
-                            limit = value
-            else:
-                stat = _parse_kv((_read_text(os.path.join(self.mem_dir, "memory.stat")) or "").encode())
-                limit = stat.get(b"hierarchical_memory_limit")
-                if limit is None:
-                    limit = _int(_read_text(os.path.join(self.mem_dir, "memory.limit_in_bytes")))
-            self.mem_limit = limit if limit is not None and limit < UNLIMITED else None
-
-    def _read_held(self, path: str) -> bytes | None:
-        """A counter file, kept open and re-read with pread (kernfs regenerates it like
-        procfs does). None when it is missing or was removed (ENODEV)."""
-        f = self._held.get(path)
-        try:
-            if f is None:
-                f = self._held[path] = _File(path, self._budget, 1024)
-            return f.read()
-        except (_Gone, OSError):
-            if f is not None:
-                self._held.pop(path, None)
-                f.close()
-            return None
-
-    def read(self) -> tuple[dict[bytes, int] | None, int | None]:
-        """(cpu.stat counters of the limiting cgroup, memory in use) right now."""
-        self.refresh_limits()
-        want = []
-        cpu = mem = None
-        if self.cpu_limit_dir is not None:
-            want.append(os.path.join(self.cpu_limit_dir, "cpu.stat"))
-            data = self._read_held(want[-1])
-            cpu = _parse_kv(data) if data is not None else None
-        if self.mem_dir is not None:
-            name = "memory.current" if self.mem_v == "v2" else "memory.usage_in_bytes"
-            want.append(os.path.join(self.mem_dir, name))
-            data = self._read_held(want[-1])
-            mem = _field_after(b"\n" + data, b"\n") if data is not None else None
-        for path in [p for p in self._held if p not in want]:  # the limiting cgroup moved
-            self._held.pop(path).close()
-        return cpu, mem
-
-    def close(self) -> None:
-        for f in self._held.values():
-            f.close()
-        self._held.clear()
-
-    def describe(self) -> dict:
-        return {"version": self.version, "cpu_dir": self.cpu_dir, "cpu_limit_dir": self.cpu_limit_dir,
-                "cpu_version": self.cpu_v, "memory_dir": self.mem_dir, "memory_version": self.mem_v,
-                "cpu_limit": self.cpu_limit, "mem_limit": self.mem_limit, "problem": self.problem}
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes and threads
-
-
-class _Task:
-    """One thread: its open files and its latest counters."""
-
-    __slots__ = ("stat", "status", "schedstat", "run_ns", "wait_ns", "vol", "invol", "utime",
-                 "stime", "name", "state", "prev", "t")
-
-    def __init__(self, base: str, budget: _FdBudget, with_stat: bool, with_schedstat: bool) -> None:
-        self.stat = self.status = self.schedstat = None
-        try:
-            self.status = _File(base + "/status", budget)
-            if with_schedstat:
-                self.schedstat = _File(base + "/schedstat", budget, 256)
-            if with_stat:
-                self.stat = _File(base + "/stat", budget, 1024)
-        except BaseException:
-            self.close()
-            raise
-        self.run_ns: int | None = None
-        self.wait_ns: int | None = None
-        self.vol = self.invol = self.utime = self.stime = 0
-        self.name, self.state = "", "?"
-        self.prev: tuple | None = None   # (utime, stime, vol, invol, wait_ns) at time t
-        self.t = 0.0
-
-    def read(self, refresh: bool) -> None:
-        """Read the thread's counters. A thread that has not run since the last read (its
-        run time in schedstat did not move) cannot have switched or used CPU: its stat and
-        status are read again only every few ticks (``refresh``), for its name and state.
-        Raises _Gone when the thread has exited."""
-        if self.schedstat is not None:
-            sched = self.schedstat.read().split()
-            run_ns, self.wait_ns = int(sched[0]), int(sched[1])
-            ran, self.run_ns = run_ns != self.run_ns, run_ns
-            if not (ran or refresh):
-                return
-        vol, invol = _parse_ctx(self.status.read())
-        if vol is not None and invol is not None:
-            self.vol, self.invol = vol, invol
-        if self.stat is not None:
-            self.name, self.state, f = _parse_stat(self.stat.read())
-            self.utime, self.stime = int(f[F_UTIME]), int(f[F_STIME])
-
-    def close(self) -> None:
-        for f in (self.stat, self.status, self.schedstat):
-            if f is not None:
-                f.close()
-
-
-class _Proc:
-    """One process of the tree: open files, rates and what was last said about it."""
-
-    def __init__(self, pid: int, is_main: bool, budget: _FdBudget) -> None:
-        self.pid, self.is_main = pid, is_main
-        self.base = f"/proc/{pid}"
-        self.stat = _File(self.base + "/stat", budget, 1024)
-        try:
-            self.io: _File | None = _File(self.base + "/io", budget, 512)
-            self.io_denied = False
-        except PermissionError:
-            self.io, self.io_denied = None, True
-        except _Gone:
-            self.stat.close()
-            raise
-        self.tasks: dict[int, _Task] = {}
-        self.relist = True         # list /proc/PID/task again at the next read
-        self.dead = [0, 0, 0]      # vol, invol, wait_ns of threads that exited
-        self.rates = RateTracker()
-        self.name = ""
-        self.cmdline: list[str] | None = None
-        self.mp_helper = False
-        self.ppid: int | None = None
-        self.role = ""
-        self.info_said: tuple | None = None   # (name, role) last published as proc_info
-
-    def close(self) -> None:
-        self.stat.close()
-        if self.io is not None:
-            self.io.close()
-        for task in self.tasks.values():
-            task.close()
-        self.tasks.clear()
-
-    def retire(self, tid: int) -> None:
-        task = self.tasks.pop(tid)
-        self.dead[0] += task.vol
-        self.dead[1] += task.invol
-        self.dead[2] += task.wait_ns or 0
-        task.close()
-
-
 # ---------------------------------------------------------------------------------------------
 # The source
 
 
-class HostSource:
+class HostSource(ThreadedSource):
     name = "host"
+    thread_name = "gputop-host"
 
     def __init__(self, clock, target, interval_s: float = 0.5) -> None:
         if not interval_s > 0:
@@ -569,29 +134,17 @@ class HostSource:
         self.target = target
         self.interval_s = float(interval_s)
         self._rng = random.Random()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._emit = None
-        self._budget = _FdBudget()
-        self._procs: dict[int, _Proc] = {}
+        self._init_thread()
+        self._budget = FdBudget()
+        self._procs: dict[int, ProcFiles] = {}
         self._skip: set[int] = set()              # zombies of the tree: nothing to sample
-        self._sys_rates = RateTracker()
-        self._cpu_prev: tuple[int, int, int, int] | None = None
-        self._cg_prev: tuple | None = None         # (periods, throttled, usec, t, cgroup dir)
-        self._sys_files: dict[str, _File] = {}
-        self._psi_missing: set[str] = set()          # /proc/pressure files this kernel lacks
-        self._has_schedstat = _schedstat_works()
+        self._has_schedstat = schedstat_works()
         self.target_state: str | None = None       # None until the first tick
         self.target_exit_t: float | None = None
-        self.cpu_count = os.cpu_count() or 1
-        self.mem_total: int | None = None
-        try:
-            self.cgroup: Cgroup | None = Cgroup(target.pid)
-        except Exception as e:  # never let a strange cgroup layout stop the source
-            self.cgroup = None
-            self._cgroup_error = f"cgroup: {type(e).__name__}: {e}"
-        else:
-            self._cgroup_error = self.cgroup.problem
+        self.system = SystemSampler(target.pid, self._budget)
+        self.cpu_count = self.system.cpu_count
+        self.cgroup = self.system.cgroup
+        self._cgroup_error = self.system.cgroup_error
         # Accounting of our own cost (read by health and benchmarks/host_cost.py).
         self.ticks = 0
         self.cpu_s = 0.0                           # thread CPU time spent in ticks
@@ -601,8 +154,7 @@ class HostSource:
         # the samples; emit: handing them to the bus (the store and the recorder's queue).
         self.phase_s = {"system": 0.0, "main": 0.0, "tree": 0.0, "children": 0.0, "rows": 0.0, "emit": 0.0}
         self.tick_wall_s: deque[float] = deque(maxlen=4096)
-        self._health_said: tuple | None = None
-        self._health_at = -1e9
+        self._heartbeat = Heartbeat(HEALTH_EVERY_S)
         self._health_cpu = (0.0, 0.0, 0)           # (cpu_s, monotonic, ticks) at last health
         self._cost_pct: float | None = None         # own CPU, % of one core, last window
         self._error: str | None = None
@@ -611,17 +163,8 @@ class HostSource:
         self.ranks = RankFinder(target.pid)
 
     # -- Source protocol ------------------------------------------------------------------
-    def start(self, emit) -> None:
-        if self._thread is not None:
-            return
-        self._emit = emit
-        self._thread = threading.Thread(target=self._run, name="gputop-host", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread(timeout=5)
         self._close_all()
 
     def describe(self) -> dict:
@@ -630,7 +173,7 @@ class HostSource:
             "rate_hz": round(1.0 / self.interval_s, 3),
             "jitter": "interval x (0.5 + Exp(mean 0.5)), capped at 3x",
             "cpu_count": self.cpu_count,
-            "mem_total": self.mem_total if self.mem_total is not None else self._mem_total_now(),
+            "mem_total": self.system.mem_total if self.system.mem_total is not None else self.system.mem_total_now(),
             "page_size": PAGE_SIZE,
             "clk_tck": CLK_TCK,
             "cgroup": self.cgroup.describe() if self.cgroup else {"problem": self._cgroup_error},
@@ -643,9 +186,9 @@ class HostSource:
     def _next_delay(self) -> float:
         """A jittered interval: never periodic, so samples cannot lock onto a training step's
         period. Mean ~ interval_s, never below half of it or above three times it."""
-        return self.interval_s * min(3.0, 0.5 + self._rng.expovariate(2.0))
+        return jittered(self.interval_s, self._rng, floor=0.5, cap=3.0)
 
-    def _run(self) -> None:
+    def _main(self) -> None:
         while not self._stop.is_set():
             # The next tick is due a jittered delay after this one *started*: a late tick
             # (a busy box) pushes the next one back instead of causing a burst to catch up.
@@ -675,7 +218,7 @@ class HostSource:
     def _tick(self, t: float) -> None:
         emit = self._emit
         p0 = time.thread_time()
-        system = self._sample_system(t)
+        system = self.system.sample(t)
         p1 = time.thread_time()
         emit(Sample(t, KIND_SYSTEM, "host", system))
         p2 = time.thread_time()
@@ -683,120 +226,6 @@ class HostSource:
         self.phase_s["emit"] += p2 - p1
         if self.target_state != "exited":
             self._sample_tree(t)
-
-    # -- system -----------------------------------------------------------------------------
-    def _sys_file(self, path: str, size: int) -> _File:
-        f = self._sys_files.get(path)
-        if f is None:
-            f = self._sys_files[path] = _File(path, self._budget, size)
-        return f
-
-    @staticmethod
-    def _mem_total_now() -> int | None:
-        """For describe() before the first tick (another thread: no held files here)."""
-        try:
-            with open("/proc/meminfo", "rb") as f:
-                kib = _field_after(b"\n" + f.read(), b"\nMemTotal:")
-        except OSError:
-            return None
-        return None if kib is None else kib * 1024
-
-    def _sample_system(self, t: float) -> dict:
-        d: dict = {"cpu_count": self.cpu_count}
-        try:
-            line = self._sys_file("/proc/stat", 1024).read().split(b"\n", 1)[0].split()
-            v = [int(x) for x in line[1:9]] + [0] * (9 - len(line))
-            user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
-            total = user + nice + system + idle + iowait + irq + softirq + steal
-            busy = total - idle - iowait
-            cur = (total, busy, iowait, steal)
-            prev, self._cpu_prev = self._cpu_prev, cur
-            if prev is not None and cur[0] > prev[0]:
-                dt = cur[0] - prev[0]
-                d["cpu_pct"] = clean_float(100.0 * (cur[1] - prev[1]) / dt, 1)
-                d["cpu_iowait_pct"] = clean_float(100.0 * (cur[2] - prev[2]) / dt, 1)
-                d["cpu_steal_pct"] = clean_float(100.0 * (cur[3] - prev[3]) / dt, 1)
-            else:
-                d["cpu_pct"] = d["cpu_iowait_pct"] = d["cpu_steal_pct"] = None
-        except (_Gone, OSError, ValueError, IndexError):
-            d["cpu_pct"] = d["cpu_iowait_pct"] = d["cpu_steal_pct"] = None
-        try:
-            d["load1"] = round(os.getloadavg()[0], 2)
-        except OSError:
-            d["load1"] = None
-        try:
-            mem = b"\n" + self._sys_file("/proc/meminfo", 8192).read()
-        except (_Gone, OSError):
-            mem = b""
-        kib = lambda label: None if (v := _field_after(mem, label)) is None else v * 1024  # noqa: E731
-        d["mem_total"] = kib(b"\nMemTotal:")
-        self.mem_total = d["mem_total"] or self.mem_total
-        d["mem_available"] = kib(b"\nMemAvailable:")
-        d["swap_total"] = kib(b"\nSwapTotal:")
-        free = kib(b"\nSwapFree:")
-        d["swap_used"] = d["swap_total"] - free if d["swap_total"] is not None and free is not None else None
-        try:
-            vm = b"\n" + self._sys_file("/proc/vmstat", 16384).read()
-        except (_Gone, OSError):
-            vm = b""
-        rates = self._sys_rates
-        pin, pout = _field_after(vm, b"\npswpin "), _field_after(vm, b"\npswpout ")
-        d["swap_in_bps"] = _bps(rates.rate("swpin", None if pin is None else pin * PAGE_SIZE, t))
-        d["swap_out_bps"] = _bps(rates.rate("swpout", None if pout is None else pout * PAGE_SIZE, t))
-        self._sample_pressure(t, d)
-        self._sample_cgroup(t, d)
-        return d
-
-    def _sample_pressure(self, t: float, d: dict) -> None:
-        """Pressure stall information (Linux >= 4.20): the share of wall time in which some (or
-        all) runnable tasks were stalled on memory, I/O or CPU, from the cumulative ``total=``
-        microsecond counters over our own interval (not the kernel's 10 s average, which lags)."""
-        rates = self._sys_rates
-        for res, lines in (("mem", ("some", "full")), ("io", ("some",)), ("cpu", ("some",))):
-            path = f"/proc/pressure/{'memory' if res == 'mem' else res}"
-            try:
-                text = self._sys_file(path, 256).read() if path not in self._psi_missing else b""
-            except (_Gone, OSError):
-                self._psi_missing.add(path)
-                text = b""
-            for which in lines:
-                total = None
-                for line in text.split(b"\n"):
-                    if line.startswith(which.encode()):
-                        _, _, tail = line.rpartition(b"total=")
-                        total = int(tail) if tail.strip().isdigit() else None
-                rate = rates.rate(f"psi_{res}_{which}", None if total is None else total / 1e6, t)
-                d[f"psi_{res}_{which}_pct"] = None if rate is None else clean_float(min(100.0, 100.0 * rate), 2)
-
-    def _sample_cgroup(self, t: float, d: dict) -> None:
-        d["cgroup_cpu_limit"] = d["cgroup_throttled_pct"] = d["cgroup_throttled_ms_per_s"] = None
-        d["cgroup_mem_limit"] = d["cgroup_mem_used"] = None
-        cg = self.cgroup
-        if cg is None:
-            return
-        cpu, mem = cg.read()
-        d["cgroup_cpu_limit"] = clean_float(cg.cpu_limit, 3)
-        d["cgroup_mem_limit"] = cg.mem_limit
-        d["cgroup_mem_used"] = mem
-        if cpu is None:
-            self._cg_prev = None
-            return
-        periods, throttled = cpu.get(b"nr_periods"), cpu.get(b"nr_throttled")
-        usec = cpu.get(b"throttled_usec")
-        if usec is None and b"throttled_time" in cpu:  # v1 counts nanoseconds
-            usec = cpu[b"throttled_time"] // 1000
-        if periods is None or throttled is None or usec is None:
-            self._cg_prev = None
-            return
-        cur = (periods, throttled, usec, t, cg.cpu_limit_dir)
-        prev, self._cg_prev = self._cg_prev, cur
-        if cg.cpu_limit is None or prev is None or prev[4] != cur[4] or t <= prev[3] \
-                or periods < prev[0] or usec < prev[2]:
-            return  # unlimited, first reading, another cgroup's counters, or a reset
-        dp = periods - prev[0]
-        if dp > 0:
-            d["cgroup_throttled_pct"] = clean_float(100.0 * (throttled - prev[1]) / dp, 1)
-        d["cgroup_throttled_ms_per_s"] = clean_float((usec - prev[2]) / 1000.0 / (t - prev[3]), 2)
 
     # -- the tree ---------------------------------------------------------------------------
     def _sample_tree(self, t: float) -> None:
@@ -806,13 +235,13 @@ class HostSource:
         main = self._procs.get(main_pid)
         if main is None:
             try:
-                main = self._procs[main_pid] = _Proc(main_pid, True, self._budget)
-            except _Gone:
+                main = self._procs[main_pid] = ProcFiles(main_pid, True, self._budget)
+            except Gone:
                 self._target_exited(t)
                 return
         try:
             main_stat = self._read_proc(main, t)
-        except _Gone:
+        except Gone:
             self._target_exited(t)
             return
         if self.target_state is None:
@@ -833,13 +262,13 @@ class HostSource:
             proc = self._procs.get(pid)
             try:
                 if proc is None:
-                    proc = self._procs[pid] = _Proc(pid, False, self._budget)
+                    proc = self._procs[pid] = ProcFiles(pid, False, self._budget)
                 stats[pid] = self._read_proc(proc, t)
-            except (_Gone, OSError) as e:
+            except (Gone, OSError) as e:
                 gone = self._procs.pop(pid, None)
                 if gone is not None:
                     gone.close()
-                if isinstance(e, _Gone):
+                if isinstance(e, Gone):
                     self._skip.add(pid)  # a zombie: nothing to read until it is reaped
         # The parents just read decide: a process whose parent exited was re-parented out of
         # the tree (the tree's cached parents are re-checked only every second).
@@ -878,11 +307,11 @@ class HostSource:
         ph["rows"] += p4 - p3
         ph["emit"] += p5 - p4
 
-    def _read_proc(self, proc: _Proc, t: float) -> dict:
-        """One process's numbers now. Raises _Gone when it exited (a zombie counts as gone)."""
-        name, state, f = _parse_stat(proc.stat.read())
-        if state in ("Z", "X", "x"):
-            raise _Gone(proc.base)
+    def _read_proc(self, proc: ProcFiles, t: float) -> dict:
+        """One process's numbers now. Raises Gone when it exited (a zombie counts as gone)."""
+        name, state, f = parse_stat(proc.stat.read())
+        if state in GONE_STATES:
+            raise Gone(proc.base)
         nthreads = int(f[F_THREADS])
         utime, stime = int(f[F_UTIME]), int(f[F_STIME])
         majflt = int(f[F_MAJFLT])
@@ -898,7 +327,7 @@ class HostSource:
             try:
                 tids = [int(x) for x in os.listdir(proc.base + "/task")]
             except FileNotFoundError:
-                raise _Gone(proc.base) from None
+                raise Gone(proc.base) from None
         proc.relist = False
         seen = set()
         refresh_every = REFRESH_IDLE_TICKS
@@ -906,10 +335,10 @@ class HostSource:
             task = proc.tasks.get(tid)
             try:
                 if task is None:
-                    task = proc.tasks[tid] = _Task(f"{proc.base}/task/{tid}", self._budget, proc.is_main,
+                    task = proc.tasks[tid] = TaskFiles(f"{proc.base}/task/{tid}", self._budget, proc.is_main,
                                                    self._has_schedstat)
                 task.read(refresh=(self.ticks + tid) % refresh_every == 0)
-            except (_Gone, OSError, ValueError, IndexError):
+            except (Gone, OSError, ValueError, IndexError):
                 proc.relist = True
                 continue
             seen.add(tid)
@@ -940,7 +369,7 @@ class HostSource:
         }
         if proc.io is not None:
             try:
-                io = _parse_kv(proc.io.read())
+                io = parse_kv(proc.io.read())
             except PermissionError:
                 proc.io, proc.io_denied = None, True
                 io = {}
@@ -950,18 +379,18 @@ class HostSource:
             d["io_wchar_bps"] = _bps(r.rate("wc", io.get(b"wchar"), t))
         return d
 
-    def _update_identity(self, proc: _Proc, ps_proc, name: str) -> None:
+    def _update_identity(self, proc: ProcFiles, ps_proc, name: str) -> None:
         """Name, command line and role. The command line is read again only when the name
         changes (an exec, or torch renaming a DataLoader worker)."""
         if proc.cmdline is None or name != proc.name:
             proc.cmdline = self._cmdline(proc, ps_proc)
             joined = " ".join(proc.cmdline)
-            proc.mp_helper = any(h in joined for h in MP_HELPERS)
+            proc.mp_helper = is_mp_helper(joined)
         proc.name = name
         proc.role = self._role(proc)
 
     @staticmethod
-    def _cmdline(proc: _Proc, ps_proc) -> list[str]:
+    def _cmdline(proc: ProcFiles, ps_proc) -> list[str]:
         try:
             if ps_proc is not None:
                 return ps_proc.cmdline()
@@ -970,30 +399,13 @@ class HostSource:
         except Exception:
             return []
 
-    def _role(self, proc: _Proc) -> str:
-        """main: the target. dataloader_worker: a process torch named ``pt_data_worker``, or a
-        Python multiprocessing child of the main process (spawn: ``--multiprocessing-fork`` in
-        its command line; fork: the same command line as the main process; forkserver: a child
-        of the main process's fork server). child: anything else, including multiprocessing's
-        own helpers (resource tracker, fork server)."""
-        if proc.is_main:
-            return ROLE_MAIN
-        if proc.name in WORKER_NAMES:
-            return ROLE_WORKER
-        if proc.mp_helper:
-            return ROLE_CHILD
-        main_pid = self.target.pid
-        cmd = proc.cmdline or []
-        if proc.ppid == main_pid and ("--multiprocessing-fork" in cmd or cmd == self.target.cmdline):
-            return ROLE_WORKER
+    def _role(self, proc: ProcFiles) -> str:
+        """The recorded role (gputop.sources.procfs.process_role says how it is decided)."""
         parent = self._procs.get(proc.ppid) if proc.ppid is not None else None
-        if parent is not None and parent.ppid == main_pid and parent.mp_helper \
-                and "multiprocessing.forkserver" in " ".join(parent.cmdline or []):
-            return ROLE_WORKER
-        return ROLE_CHILD
+        return process_role(proc, self.target.pid, self.target.cmdline, parent)
 
     @staticmethod
-    def _info(proc: _Proc, ps_proc) -> dict:
+    def _info(proc: ProcFiles, ps_proc) -> dict:
         create_time = user = None
         if ps_proc is not None:
             try:
@@ -1007,7 +419,7 @@ class HostSource:
         return {"name": proc.name, "cmdline": list(proc.cmdline or []), "ppid": proc.ppid,
                 "create_time": create_time, "role": proc.role, "user": user}
 
-    def _thread_samples(self, main: _Proc, t: float) -> list[Sample]:
+    def _thread_samples(self, main: ProcFiles, t: float) -> list[Sample]:
         """Rows for the main process's threads, from the counters ``_read_proc`` just read."""
         rows = []
         for tid, task in main.tasks.items():
@@ -1071,11 +483,7 @@ class HostSource:
 
     def _close_all(self) -> None:
         self._close_procs()
-        for f in self._sys_files.values():
-            f.close()
-        self._sys_files.clear()
-        if self.cgroup is not None:
-            self.cgroup.close()
+        self.system.close()
 
     # -- health -----------------------------------------------------------------------------
     def _maybe_health(self, t: float, force: bool = False) -> None:
@@ -1111,10 +519,10 @@ class HostSource:
         message = "; ".join(problems) if problems else (
             f"sampling the target's processes and threads and the host every ~{self.interval_s:g} s (jittered)")
         said = (state, message)
-        if not force and said == self._health_said and t - self._health_at < HEALTH_EVERY_S:
+        if not self._heartbeat.due(said, t, force):
             return
         recent = list(self.tick_wall_s)[-max(1, self.ticks - ticks0):] if self.tick_wall_s else []
-        self._health_said, self._health_at = said, t
+        self._heartbeat.mark(said, t)
         if window or at0 == 0:
             self._health_cpu = (self.cpu_s, now, self.ticks)
             self._cost_pct = cost

@@ -36,6 +36,7 @@ import psutil
 from gputop.model import KIND_EVENT, KIND_HEALTH, Sample, health_data
 from gputop.probe import wire
 from gputop.sources import ranks as _ranks
+from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource
 
 KIND_PROBE_STEP = "probe_step"
 KIND_PROBE_CONFIG = "probe_config"
@@ -45,7 +46,6 @@ PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE
 
 SOURCE_NAME = "probe"
 RANK_END_WAIT_S = 30.0   # a probed rank whose probe detached but whose process lives on: ended after this
-HEALTH_EVERY_S = 5.0
 MAX_STR = 400
 
 WHAT_IT_ADDS = ("the probe adds step time split into data wait / GPU time / other host time, steps, batches and "
@@ -110,7 +110,7 @@ class _ProbeConn:
         self.last_cpu: tuple[float, float] | None = None  # (probe thread CPU s, t1)
 
 
-class ProbeClientSource:
+class ProbeClientSource(ThreadedSource):
     """A Source (gputop.model.Source): ``ProbeClientSource(clock, target)``.
 
     ``clock`` has ``now()`` (session seconds); ``target`` is a gputop.sources.target.Target.
@@ -119,15 +119,14 @@ class ProbeClientSource:
     """
 
     name = SOURCE_NAME
+    thread_name = "gputop-probe-client"
 
     def __init__(self, clock, target, probe_dirs: list[str] | None = None, scan_interval_s: float = 1.0) -> None:
         self.clock = clock
         self.target = target
         self.extra_dirs = list(probe_dirs or [])
         self.scan_interval_s = scan_interval_s
-        self._emit = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self._lock = threading.Lock()
         self._conns: dict[int, _ProbeConn] = {}
         self._seen: dict[int, dict] = {}          # pid -> facts from hello (kept after detach)
@@ -137,8 +136,7 @@ class ProbeClientSource:
         self._stale: set[str] = set()
         self._hook_problems: dict[int, str] = {}
         self._detached: set[int] = set()
-        self._last_health: tuple | None = None
-        self._health_at = 0.0
+        self._heartbeat = Heartbeat(HEALTH_EVERY_S, at=0.0)
         self._scans = 0
         # Ranks the probe reports, for processes whose environment names none (or cannot be
         # read): those get ``rank`` samples from here (source "probe"); the host source
@@ -150,15 +148,8 @@ class ProbeClientSource:
         self._node = _ranks.node_name()
 
     # -- Source protocol ----------------------------------------------------------------------
-    def start(self, emit) -> None:
-        self._emit = emit
-        self._thread = threading.Thread(target=self._run, name="gputop-probe-client", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=3.0)
+        self._stop_thread(timeout=3.0)
         with self._lock:
             for c in self._conns.values():
                 try:
@@ -178,7 +169,7 @@ class ProbeClientSource:
             return sorted(pid for pid, c in self._conns.items() if c.hello is not None)
 
     # -- thread -------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _main(self) -> None:
         sel = selectors.DefaultSelector()
         next_scan = 0.0
         try:
@@ -559,9 +550,8 @@ class ProbeClientSource:
         state, message, extra = self._health()
         now = time.monotonic()
         key = (state, message, tuple(extra["probes"]))
-        if force or key != self._last_health or now - self._health_at >= HEALTH_EVERY_S:
-            self._last_health = key
-            self._health_at = now
+        if self._heartbeat.due(key, now, force):
+            self._heartbeat.mark(key, now)
             self._publish(KIND_HEALTH, SOURCE_NAME, health_data(state, message, rate_hz=None, **extra))
 
     def _publish(self, kind: str, key: str, data: dict, t: float | None = None) -> None:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from gputop.model import Sample
+from gputop.sources.procfs import is_python_process, still_running
 
 KIND_RANK = "rank"
 SOURCE_ENV, SOURCE_PROBE = "env", "probe"
@@ -156,31 +157,6 @@ def read_environ(pid: int) -> dict[str, str]:
         os.close(fd)
     raw = b"".join(parts)
     return {m[1].decode(): m[2].decode("utf-8", "replace") for m in _RANK_VARS_RE.finditer(raw)}
-
-
-def is_python_process(pid: int, name: str | None, cmdline: list[str] | None) -> bool:
-    """A Python interpreter: by its executable, else its command line's first word, else its name."""
-    candidates = []
-    try:
-        candidates.append(os.path.basename(os.readlink(f"/proc/{pid}/exe")))
-    except OSError:
-        pass
-    if cmdline:
-        candidates.append(os.path.basename(cmdline[0]))
-    if name:
-        candidates.append(name)
-    return any(c.startswith(("python", "pypy")) for c in candidates if c)
-
-
-def still_running(pid: int) -> bool:
-    """The process exists and is not a zombie (an exited rank its launcher has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(512)
-    except OSError:
-        return False
-    r = data.rfind(b")")
-    return r >= 0 and data[r + 2:r + 3] not in (b"Z", b"X", b"x", b"")
 
 
 def node_name() -> str:

@@ -25,27 +25,14 @@ import time
 
 import psutil
 
+from gputop.sources.procfs import looks_like_python, read_ppid
+
 FULL_RESCAN_S = 30.0
 VERIFY_S = 1.0   # how often the cached parents of the tree's members are read again
 
 
 class TargetError(Exception):
     """The target cannot be watched. The message is one line for the user."""
-
-
-def _read_ppid(pid: int) -> int | None:
-    """The parent PID from /proc/PID/stat, or None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The name (field 2) may hold spaces and ')' itself: split after the *last* ')'.
-    fields = data[data.rfind(b")") + 2:].split(b" ", 3)
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
 
 
 class Target:
@@ -123,7 +110,7 @@ class Target:
     def is_python(self) -> bool:
         exe = os.path.basename(self._safe(self.process.exe, "") or "")
         first = os.path.basename(self.cmdline[0]) if self.cmdline else ""
-        return any(n.startswith("python") or n.startswith("pypy") for n in (exe, first, self.name))
+        return looks_like_python(exe, first, self.name)
 
     def alive(self) -> bool:
         try:
@@ -151,7 +138,7 @@ class Target:
         for pid in live:
             ppid = old.get(pid)
             if ppid is None:
-                ppid = _read_ppid(pid)
+                ppid = read_ppid(pid)
                 if ppid is None:
                     continue
                 fresh.add(pid)
@@ -174,7 +161,7 @@ class Target:
                 if verify and child not in fresh:
                     # A cached parent is stale when the parent exited (even as a zombie
                     # not yet reaped): its children were re-parented away from the tree.
-                    ppid = _read_ppid(child)
+                    ppid = read_ppid(child)
                     if ppid != parent:
                         if ppid is None:
                             ppid_of.pop(child, None)

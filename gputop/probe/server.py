@@ -1,0 +1,451 @@
+"""The probe's socket server: the probe thread that owns the Unix socket, accepts monitors,
+and every ``WINDOW_S`` sends each monitor the window, memory, config and sync messages.
+
+A daemon thread (``_serve``): it drains the step records into one window message
+(gputop/probe/window.py), reads allocator memory and config, and sends to each monitor with
+non-blocking writes into bounded per-monitor queues (oldest messages dropped first). With no
+monitor attached it sleeps in ``select`` on the listening socket and costs nothing.
+
+``ProbeServer`` is a mixin of ``gputop.probe.core.Probe``: the hot path (core.py) and the
+server share one object, so the training thread's counters are plain attributes the probe
+thread reads.
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+
+from gputop.probe import wire
+from gputop.probe.util import _env_int, _mono, say
+from gputop.probe.window import _WindowState
+
+WINDOW_S = 1.0              # aggregation window while a monitor is attached (recording size)
+IDLE_POLL_S = 1.0           # select timeout with no monitor: the thread mostly sleeps
+MAX_OUTBOX_BYTES = 1 << 20  # per monitor; oldest messages are dropped beyond this
+MAX_MONITORS = 8
+MEMORY_EVERY_S = 1.0
+CONFIG_EVERY_S = 2.0
+SYNC_TOP_EVERY_S = 2.0
+
+
+class _Monitor:
+    """One attached monitor: its socket and a bounded queue of encoded messages."""
+
+    __slots__ = ("sock", "outbox", "out_bytes", "dropped", "partial", "peer")
+
+    def __init__(self, sock: socket.socket, peer: tuple[int, int, int] | None) -> None:
+        self.sock = sock
+        self.outbox: deque[bytes] = deque()
+        self.out_bytes = 0
+        self.dropped = 0
+        self.partial = b""
+        self.peer = peer
+
+    def queue(self, data: bytes) -> None:
+        self.outbox.append(data)
+        self.out_bytes += len(data)
+        while self.out_bytes > MAX_OUTBOX_BYTES and len(self.outbox) > 1:
+            old = self.outbox.popleft()
+            self.out_bytes -= len(old)
+            self.dropped += 1
+
+    def flush(self) -> bool:
+        """Send what the socket takes without blocking. False when the monitor is gone."""
+        flags = getattr(socket, "MSG_NOSIGNAL", 0)  # a vanished monitor must never SIGPIPE the job
+        while self.partial or self.outbox:
+            if not self.partial:
+                self.partial = self.outbox.popleft()
+                self.out_bytes -= len(self.partial)
+            try:
+                n = self.sock.send(self.partial, flags)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            self.partial = self.partial[n:]
+        return True
+
+
+class ProbeServer:
+    """The socket side of a Probe: activation, the socket, the probe thread, the monitors."""
+
+    def _reset_server_state(self) -> None:
+        self.listening = False
+        self.refused: str | None = None    # why this process has no socket
+        self.sock_path: str | None = None
+        self._listener: socket.socket | None = None
+        self._monitors: list[_Monitor] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+
+    # -- activation -------------------------------------------------------------------------
+    def _wake(self) -> None:
+        """First training activity in a dormant process (a rank, not a DataLoader worker). Runs
+        on the training thread, so it only starts the probe thread: that thread opens the socket
+        (a connect with a timeout, a directory scan, a line on stderr if refused)."""
+        self.dormant = False
+        try:
+            if self.torch_hooks is not None and self.torch_hooks.in_dataloader_worker():
+                self.refused = "a DataLoader worker: no probe of its own"
+                return
+            self._start_thread(open_socket=True)
+        except Exception as e:
+            self.refused = f"could not start: {type(e).__name__}: {e}"
+
+    def start_server(self) -> bool:
+        """Open the socket on the calling thread, then start the probe thread; False (with
+        ``refused`` set) if the socket cannot be opened. For ``install()`` at start-up; a dormant
+        probe that wakes in the training loop uses ``_start_thread(open_socket=True)`` instead."""
+        if self._thread is not None:
+            return True
+        if not self._open_socket():
+            return False
+        self._start_thread(open_socket=False)
+        return True
+
+    def _start_thread(self, *, open_socket: bool) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, args=(open_socket,), name="gputop-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self, open_socket: bool) -> None:
+        """The probe thread: open the socket if the caller did not, then serve until stopped."""
+        try:
+            if open_socket and not self._open_socket():
+                return   # refused says why (and one line went to stderr)
+            self._wake_r, self._wake_w = socket.socketpair()
+            if self._stop.is_set():
+                return
+        except Exception as e:
+            self.refused = f"could not start: {type(e).__name__}: {e}"
+            say(self.refused)
+            return
+        self._serve()
+
+    def _open_socket(self) -> bool:
+        directory = wire.probe_dir()
+        reason = wire.ensure_dir(directory)
+        if reason is None:
+            path = wire.socket_path(directory, self.pid)
+            if len(path.encode()) > wire.MAX_SOCKET_PATH:
+                reason = f"socket path {path} is longer than {wire.MAX_SOCKET_PATH} bytes: set {wire.ENV_DIR} to a shorter directory"
+        if reason is not None:
+            self.refused = f"not listening: {reason}"
+            say(self.refused)
+            return False
+        if os.path.lexists(path):
+            bad = wire.check_socket_file(path)
+            if bad is not None:
+                self.refused = f"not listening: {bad}; remove it"
+                say(self.refused)
+                return False
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+                live = True
+            except OSError:
+                live = False  # refused: left behind by a dead process with our PID
+            finally:
+                probe.close()
+            if live:
+                self.refused = f"not listening: another gputop probe already listens on {path} in this process"
+                say(self.refused)
+                return False
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(MAX_MONITORS)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            self.refused = f"not listening: cannot bind {path}: {e.strerror or e}"
+            say(self.refused)
+            return False
+        self._listener = sock
+        self.sock_path = path
+        self.listening = True
+        self.refused = None
+        _clean_stale_sockets(directory, self.pid)
+        atexit.register(self._at_exit, self.pid, path)
+        return True
+
+    def _at_exit(self, pid: int, path: str) -> None:
+        if os.getpid() != pid:
+            return  # a forked child running atexit must not remove its parent's socket
+        self.stop_server()
+
+    def stop_server(self) -> None:
+        self._stop.set()
+        if self._wake_w is not None:
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=2.0)
+        self._thread = None
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+            self._listener = None
+        if self.sock_path and os.getpid() == self.pid:
+            try:
+                os.unlink(self.sock_path)
+            except OSError:
+                pass
+        self.sock_path = None
+        self.listening = False
+        for m in self._monitors:
+            try:
+                m.sock.close()
+            except OSError:
+                pass
+        self._monitors = []
+        for s in (self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+        self._wake_r = self._wake_w = None
+        self._set_monitoring(False)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker, most often) inherits our state but not our
+        thread. Close its copies of the sockets (the parent keeps its own; the file stays) and
+        go dormant: the child opens a probe of its own only if it starts stepping an optimizer."""
+        for s in [self._listener, self._wake_r, self._wake_w, *[m.sock for m in self._monitors]]:
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        self._reset_process_state(dormant=True)
+        if self.torch_hooks is not None:
+            self.torch_hooks.after_fork_in_child()
+
+    # -- probe thread ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self._listener, selectors.EVENT_READ, "listen")
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            window_t0 = _mono()
+            next_tick = window_t0 + WINDOW_S
+            self._win_state = _WindowState(self)
+            while not self._stop.is_set():
+                now = _mono()
+                if self._monitors:
+                    timeout = max(0.0, next_tick - now)
+                    if any(m.partial or m.outbox for m in self._monitors):
+                        timeout = min(timeout, 0.05)
+                else:
+                    timeout = IDLE_POLL_S
+                for key, _ in sel.select(timeout):
+                    if key.data == "listen":
+                        self._accept(sel)
+                    elif key.data == "wake":
+                        try:
+                            self._wake_r.recv(64)
+                        except OSError:
+                            pass
+                    else:
+                        self._read_monitor(sel, key.data)
+                now = _mono()
+                if self._monitors and now >= next_tick:
+                    try:
+                        self._tick(now)
+                    except Exception as e:  # never let the thread die silently
+                        self._broadcast({"type": wire.MSG_NOTE, "text": f"probe tick failed: {type(e).__name__}: {e}"})
+                    next_tick = now + WINDOW_S
+                elif not self._monitors:
+                    next_tick = now + WINDOW_S
+                for m in list(self._monitors):
+                    if (m.partial or m.outbox) and not m.flush():
+                        self._drop_monitor(sel, m)
+                self.thread_cpu_s = time.thread_time()
+        except Exception as e:
+            self.refused = f"probe thread stopped: {type(e).__name__}: {e}"
+            say(self.refused)
+        finally:
+            try:
+                sel.close()
+            except Exception:
+                pass
+
+    def _accept(self, sel) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        peer = _peer_cred(conn)
+        if peer is not None and peer[1] not in (os.getuid(), 0):
+            conn.close()  # only our own user or root may read the job's numbers
+            return
+        if len(self._monitors) >= MAX_MONITORS:
+            conn.close()
+            return
+        conn.setblocking(False)
+        m = _Monitor(conn, peer)
+        first = not self._monitors
+        self._monitors.append(m)
+        sel.register(conn, selectors.EVENT_READ, m)
+        if first:
+            self._set_monitoring(True)
+        m.queue(wire.encode(self._hello()))
+        ws = self._win_state
+        m.queue(wire.encode(ws.config_msg(force=True)))
+        if ws.last_syncs is not None:
+            m.queue(wire.encode(ws.last_syncs))
+        m.flush()
+
+    def _read_monitor(self, sel, m: _Monitor) -> None:
+        try:
+            data = m.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the monitor went away (closed, or killed)
+            self._drop_monitor(sel, m)
+        # Whatever a monitor sends is read and ignored: there is nothing it can ask for.
+
+    def _drop_monitor(self, sel, m: _Monitor) -> None:
+        try:
+            sel.unregister(m.sock)
+        except Exception:
+            pass
+        try:
+            m.sock.close()
+        except OSError:
+            pass
+        self._monitors = [x for x in self._monitors if x is not m]
+        if not self._monitors:
+            self._set_monitoring(False)
+
+    def _set_monitoring(self, on: bool) -> None:
+        if on == self.monitoring:
+            return
+        self.monitoring = on
+        if on:
+            # Start a fresh window: what happened before any monitor came is summarised only by
+            # the cumulative totals, not replayed as one giant window.
+            self.records.clear()
+            self._win_state.restart()
+        else:
+            self.cuda_events_on = False
+            self.ev_pending.clear()
+            self.ev_free.clear()
+            self.prev_end_ev = self.step_start_ev = None
+            if self.torch_hooks is not None:
+                try:
+                    self.torch_hooks.set_sync_capture(False)
+                except Exception as e:
+                    self.hook_failed("syncs", e)
+
+    def _broadcast(self, msg: dict) -> None:
+        if not self._monitors:
+            return
+        msg.setdefault("mono", _mono())
+        data = wire.encode(msg)
+        for m in self._monitors:
+            m.queue(data)
+
+    def _hello(self) -> dict:
+        env = os.environ
+        return {
+            "type": wire.MSG_HELLO, "v": wire.WIRE_VERSION, "mono": _mono(), "wall": time.time(),
+            "pid": self.pid, "ppid": os.getppid(), "argv": list(getattr(sys, "orig_argv", sys.argv))[:64],
+            "python": sys.version.split()[0], "origin": self.origin, "installed_mono": self.installed_mono,
+            "rank": _env_int(env, "RANK"), "local_rank": _env_int(env, "LOCAL_RANK"),
+            "world_size": _env_int(env, "WORLD_SIZE"),
+            "torch": getattr(self.torch, "__version__", None),
+            "window_s": WINDOW_S,
+        }
+
+    def _tick(self, now: float) -> None:
+        ws = self._win_state
+        th = self.torch_hooks
+        if th is not None:
+            try:
+                th.manage(self)   # CUDA events and sync capture on/off as CUDA comes into use
+            except Exception as e:
+                self._note(f"probe could not update its hooks: {type(e).__name__}: {e}")
+            # The window ends after that, so that sync counting turned on just now covers all
+            # of the next window (a window counts syncs only if counting covered it from t0).
+            now = _mono()
+        while self.notes:
+            self._broadcast({"type": wire.MSG_NOTE, "text": self.notes.popleft()})
+        self._broadcast(ws.window_msg(now))
+        if now - ws.memory_at >= MEMORY_EVERY_S:
+            ws.memory_at = now
+            mem = th.memory() if th is not None else None
+            if mem is not None:
+                self._broadcast(mem)
+        if now - ws.config_at >= CONFIG_EVERY_S or self._hooks_version != ws.hooks_version or self.config_dirty:
+            self.config_dirty = False
+            msg = ws.config_msg(force=False)
+            if msg is not None:
+                self._broadcast(msg)
+        if self.sync_lines and now - ws.syncs_at >= SYNC_TOP_EVERY_S:
+            ws.syncs_at = now
+            msg = ws.syncs_msg()
+            if msg is not None:
+                self._broadcast(msg)
+
+
+def _peer_cred(conn: socket.socket) -> tuple[int, int, int] | None:
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+        return struct.unpack("3i", raw)
+    except OSError:
+        return None
+
+
+def _clean_stale_sockets(directory: str, own_pid: int) -> None:
+    """Remove sockets left by probes whose process is gone (killed with -9, crashed)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid = wire.pid_of_socket_name(name)
+        if pid is None or pid == own_pid:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or not ours to judge)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        path = os.path.join(directory, name)
+        if wire.check_socket_file(path, os.getuid()) is None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
