@@ -408,7 +408,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("host_memory_pressure", "host_memory_pressure", False, "reads a 1 GiB data file while confined to 256 MiB more memory than it holds", host_memory_pressure),
     Scenario("gpu_idle", "gpu_idle", True, "holds a GPU but computes on the CPU", gpu_idle),
     # real training code: frameworks and plain loops with what jobs do besides training
-    Scenario("hf_trainer", "gpu_bound", False, "Hugging Face Trainer on a GPT-2 config, bf16, 2 DataLoader workers",
+    Scenario("hf_trainer", "host_bound", False, "Hugging Face Trainer on a GPT-2 config, bf16, 2 DataLoader workers",
              real_loops.hf_trainer, ("transformers", "accelerate")),
     Scenario("lightning", "host_bound", False, "Lightning on a small MLP, batch 64: the framework's per-step Python",
              real_loops.lightning_mlp, ("lightning",)),

@@ -61,7 +61,7 @@ TOP_FRAMES = 8             # frames kept per category in a budget's evidence
 # Files that are not the job's own code: the frame that names a moment is the innermost one
 # outside these (the user's line that called a torch op, or the framework's own code).
 _LIBRARY_PARTS = ("/site-packages/torch/", "/dist-packages/torch/", "<frozen ", "/site-packages/numpy/",
-                  "/dist-packages/numpy/")
+                  "/dist-packages/numpy/", "/gputop/probe/")  # (the probe's own hooks wrap next() and step())
 FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning", "lightning_fabric", "deepspeed",
               "timm", "torchvision", "datasets")
 
@@ -76,6 +76,8 @@ def owner(path: str) -> str:
             return pkg if pkg in FRAMEWORKS else "library"
     if path.startswith("<frozen") or ("/lib/python3" in path and "/site-packages/" not in path):
         return "stdlib"
+    if "/gputop/probe/" in path:
+        return "gputop"
     return "user"
 
 
@@ -96,8 +98,11 @@ class Naming:
     cat: str                 # a budget category, or "python" (to be split by the kernel's view)
     frame: str | None        # the innermost frame outside torch/stdlib: "func (file.py:line)"
     path: str | None         # its file (for the owner)
-    leaf_owner: str          # whose code the innermost frame is
+    leaf_owner: str          # whose code ``frame`` is (owner())
     hint: str | None         # phase hint (frame_rules.phase_hint)
+    # inside backward(): on a GPU, autograd's own device thread launches the backward kernels
+    # while this thread waits for it, so its time off the CPU is CPU work done for it
+    engine_wait: bool = False
 
 
 def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
@@ -109,7 +114,9 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
             break
     if own is None and stack and 0 <= stack[-1] < len(frames):
         own = frames[stack[-1]]
-    leaf_owner = owner(frames[stack[-1]][1]) if stack and 0 <= stack[-1] < len(frames) else "unknown"
+    # whose code holds the CPU: the owner of that frame (a torch op called from the user's line
+    # is the user's cost; Lightning's hooks are Lightning's)
+    leaf_owner = owner(own[1]) if own is not None else "unknown"
     frame = frame_name(own) if own is not None else None
     path = own[1] if own is not None else None
     if fr.io_why(frames, stack, leaf_code):
@@ -117,7 +124,21 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
     cat, _why = fr.classify(frames, stack, leaf_code)
     cat = {fr.DATA: DATA, fr.COLLECTIVE: COLLECTIVE, fr.CUDA: SYNC, fr.IDLE: BLOCKED,
            fr.UNKNOWN: UNKNOWN}.get(cat, "python")
-    return Naming(cat, frame, path, leaf_owner, hint)
+    engine = any(0 <= i < len(frames) and frames[i][0].rpartition(".")[2] == "_engine_run_backward"
+                 and frames[i][1].endswith("torch/autograd/graph.py") for i in stack)
+    return Naming(cat, frame, path, leaf_owner, hint, engine)
+
+
+def parts_of(m: "Moment") -> dict[str, float]:
+    """The categories one moment's idle time goes to, as fractions summing to 1."""
+    n = m.naming
+    if n.cat != "python":
+        return {n.cat: 1.0}
+    parts = (m.split or KernelSplit({CPU: 1.0})).shares
+    if n.engine_wait and parts.get(BLOCKED):
+        parts = dict(parts)
+        parts[CPU] = parts.get(CPU, 0.0) + parts.pop(BLOCKED)
+    return parts
 
 
 @dataclass(slots=True)
@@ -168,6 +189,7 @@ class Budget:
     paths: dict = field(default_factory=dict)         # frame -> file (for owners of top frames)
     total_s: float = 0.0
     with_gpu: bool = True
+    named_blocked_s: float = 0.0   # the part of BLOCKED in calls the frames name (sleep, lock, queue...)
 
     def add(self, m: Moment) -> None:
         idle = 1.0 if m.busy is None else 1.0 - m.busy
@@ -180,15 +202,13 @@ class Budget:
         if w <= 0:
             return
         n = m.naming
-        if n.cat == "python":
-            parts = (m.split or KernelSplit({CPU: 1.0})).shares
-        else:
-            parts = {n.cat: 1.0}
-        for cat, share in parts.items():
+        for cat, share in parts_of(m).items():
             if share <= 0:
                 continue
             s = w * share
             self.seconds[cat] += s
+            if cat == BLOCKED and n.cat == BLOCKED:
+                self.named_blocked_s += s   # a known blocking call by its frames, not the kernel's guess
             if n.frame is not None and cat in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT):
                 self.frames.setdefault(cat, Counter())[n.frame] += s
                 self.paths.setdefault(n.frame, n.path)
@@ -226,6 +246,7 @@ class Budget:
             "largest": cause if lost > 0 else None,
             "frames": {c: self.top_frames(c) for c in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT) if self.frames.get(c)},
             "cpu_owners": {k: round(v / owners_total, 3) for k, v in self.owners.most_common(6)} if owners_total else {},
+            "blocked_in_calls": round(self.named_blocked_s / self.total_s, 4) if self.total_s > 0 else None,
         }
 
 

@@ -170,7 +170,8 @@ PHASE_RULES: tuple[FrameRule, ...] = (
     _f(TRAIN, "torch/autograd/__init__.py", "backward"),
     _f(TRAIN, "torch/_tensor.py", "backward"),
     _f(TRAIN, "torch/autograd/graph.py", "_engine_run_backward"),
-    _f(TRAIN, "torch/optim/optimizer.py", ""),
+    # (the optimizer's step and zero_grad; constructing one is set-up, not training)
+    _f(TRAIN, "torch/optim/optimizer.py", "wrapper _use_grad step zero_grad"),
     _f(TRAIN, "transformers/trainer.py", "training_step _inner_training_loop"),
     _f(TRAIN, "accelerate/accelerator.py", "backward"),
     _f(TRAIN, "lightning/pytorch/loops/training_epoch_loop.py", ""),
@@ -192,7 +193,8 @@ PHASE_RULES: tuple[FrameRule, ...] = (
     _f(COMPILE, "torch/_inductor/compile_fx.py", ""),
     _f(CUDA_INIT, "torch/cuda/__init__.py", "_lazy_init init"),
     _f(DATA_START, "torch/utils/data/dataloader.py", "__iter__ _get_iterator"),
-    _f(BUILD, "torch/nn/modules/module.py", "__init__"),
+    _f(BUILD, "torch/nn/modules/module.py", "__init__ to _apply cuda half bfloat16 float"),
+    _f(BUILD, "torch/nn/modules/linear.py", "__init__ reset_parameters"),
     _f(BUILD, "torch/nn/init.py", ""),
     _f(BUILD, "transformers/modeling_utils.py", "post_init init_weights _init_weights"),
 )

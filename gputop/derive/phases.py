@@ -11,7 +11,10 @@ window of the main thread is given a phase from what its moments' frames say
 - a window without them whose frames are mostly evaluation (``EVAL_SHARE``) is evaluation;
 - before the first training window the job is starting up; its parts (importing, building the
   model, loading weights, compiling, starting CUDA and the DataLoader) are timed from the hints;
-- any other window keeps the phase it is in (a data wait or a sleep happens in every phase);
+- any other window keeps the phase it is in (a data wait or a sleep happens in every phase),
+  except that start-up needs its own frames: after ``QUIET_WINDOWS`` windows without them, or
+  from the first window when gputop attached to a job past its start-up, the job is *running*
+  (judged like training: a loop whose frames name no training step is still judged);
 - the target's exit ends it.
 
 A job already training when gputop attaches has no start-up.
@@ -24,13 +27,18 @@ from dataclasses import dataclass, field
 
 from gputop.derive import frame_rules as fr
 
-STARTUP, TRAINING, EVALUATION, CHECKPOINTING, ENDED = "startup", "training", "evaluation", "checkpointing", "ended"
-PHASES = (STARTUP, TRAINING, EVALUATION, CHECKPOINTING, ENDED)
-JUDGED = (TRAINING, CHECKPOINTING)   # the phases verdicts judge (a checkpoint stall is a training cost)
+STARTUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED = (
+    "startup", "training", "evaluation", "checkpointing", "running", "ended")
+PHASES = (STARTUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED)
+# the phases verdicts judge: a checkpoint stall is a training cost, and a loop whose frames name
+# no training step (a custom loop, a job computing on the CPU) is judged as it is
+JUDGED = (TRAINING, CHECKPOINTING, RUNNING)
 LABELS = {STARTUP: "start-up", TRAINING: "training", EVALUATION: "evaluation", CHECKPOINTING: "checkpointing",
-          ENDED: "ended"}
+          RUNNING: "running (no training step recognised)", ENDED: "ended"}
 EVAL_SHARE = 0.3          # of a window's moments in evaluation frames (without training ones)
 CHECKPOINT_SHARE = 0.25   # of a window's moments in checkpoint frames
+STARTUP_SHARE = 0.2       # of a window's moments in start-up frames (imports, model build...) to be start-up
+QUIET_WINDOWS = 2         # start-up ends after this many windows with neither start-up nor training frames
 
 
 @dataclass
@@ -41,20 +49,25 @@ class PhaseTracker:
     startup_parts: Counter = field(default_factory=Counter)   # start-up part -> seconds
     startup_s: float | None = None
     training_since: float | None = None  # start of the current judged stretch
+    quiet: int = 0                       # start-up windows in a row without start-up frames
     changes: list = field(default_factory=list)                # [(t, phase)]
 
     def window(self, t0: float, t1: float, hints: Counter, n: int, dt: float, probe_steps: int) -> str | None:
         """Update with one py-spy window [t0, t1] of ``n`` moments; returns the new phase when
         it changed, else None."""
         train = hints.get(fr.TRAIN, 0) > 0 or probe_steps > 0
+        starting = n > 0 and sum(hints.get(p, 0) for p in fr.STARTUP_PARTS) / n >= STARTUP_SHARE
         if train:
             new = CHECKPOINTING if n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE else TRAINING
         elif n and hints.get(fr.EVAL, 0) / n >= EVAL_SHARE:
             new = EVALUATION
         elif n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE and self.phase in JUDGED:
             new = CHECKPOINTING
-        elif self.phase is None or self.phase == STARTUP:
-            new = STARTUP
+        elif self.phase is None:
+            new = STARTUP if starting else RUNNING   # attached to a job past its start-up
+        elif self.phase == STARTUP:
+            self.quiet = 0 if starting else self.quiet + 1
+            new = RUNNING if self.quiet >= QUIET_WINDOWS else STARTUP
         elif self.phase == CHECKPOINTING:
             new = TRAINING
         else:
@@ -78,7 +91,7 @@ class PhaseTracker:
             return None
         if self.phase == STARTUP and self.startup_t0 is not None:
             self.startup_s = max(0.0, t - self.startup_t0)
-        if new in JUDGED and self.phase not in JUDGED:
+        if (new in JUDGED and self.phase not in JUDGED) or (new == TRAINING and self.phase == RUNNING):
             self.training_since = t
         self.phase, self.since = new, t
         self.changes.append((round(t, 2), new))

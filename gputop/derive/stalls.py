@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from statistics import median
 
-from gputop.derive.budget import CPU, Moment
+from gputop.derive.budget import Moment, parts_of
 
 STALL_BUSY = 0.25       # GPU busy fraction at or below which a moment counts as stalled
 MAX_GAP_S = 0.35        # moments further apart than this have a stretch without samples between them
@@ -41,11 +41,7 @@ def _cause(run: list[Moment]) -> tuple[str, str | None]:
     causes: Counter = Counter()
     frames: Counter = Counter()
     for m in run:
-        if m.naming.cat == "python":
-            parts = m.split.shares if m.split else {CPU: 1.0}
-        else:
-            parts = {m.naming.cat: 1.0}
-        for c, share in parts.items():
+        for c, share in parts_of(m).items():
             causes[c] += share
         if m.naming.frame:
             frames[m.naming.frame] += 1

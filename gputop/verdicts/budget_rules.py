@@ -10,6 +10,8 @@ that the catalogue of textbook bottlenecks has no name for, found on real traini
 
 Each one's lost share *is* its budget share: the primary verdict is the largest lost share.
 When the budget's stalls come back at a steady interval, the evidence names period and length.
+
+(This module imports nothing from rules.py, which imports it to register these rules.)
 """
 
 from __future__ import annotations
@@ -17,13 +19,21 @@ from __future__ import annotations
 from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO, LABELS
 from gputop.verdicts.finding import SEVERITY_WARNING, Finding
 from gputop.verdicts.registry import verdict
-from gputop.verdicts.rules import _pct, _r
 from gputop.verdicts.signals import Signals
 
 HOST_BOUND_SHARE = 0.20     # of wall time: the GPU idle while the main thread runs CPU code
 IO_STALL_SHARE = 0.05       # of wall time: the GPU idle while the main thread does file I/O
 LOOP_BLOCKED_SHARE = 0.15   # of wall time: the GPU idle while the main thread sleeps or waits
 FRAMEWORK_CPU_SHARE = 0.40  # of the CPU time: then it is the framework's per-step code
+HOST_BOUND_MIN_SM = 0.05    # % SM active that says kernels ran, where util.gpu is missing
+
+
+def _pct(x):
+    return None if x is None else round(100.0 * x)
+
+
+def _r(x):
+    return None if x is None else round(x, 1)
 
 
 def _frames(budget: dict, cat: str, n: int = 3) -> list:
@@ -68,6 +78,10 @@ def host_bound(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{CPU}"), sig.facts.get("budget")
     if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
         return None
+    util, sm = sig.get("gpu.util_gpu"), sig.get("gpu.sm_active")
+    # The GPU must be in use: no kernel at all (util.gpu 0, as for a process that only holds a
+    # context) is gpu_idle's case — the work is not on the GPU, not waiting for the host.
+    in_use = (util is not None and util > 0.0) or (sm is not None and sm >= HOST_BOUND_MIN_SM)
     owners = budget.get("cpu_owners") or {}
     framework = {k: v for k, v in owners.items() if k in FRAMEWORKS}
     fw_share = sum(framework.values())
@@ -88,7 +102,8 @@ def host_bound(sig: Signals) -> Finding | None:
     summary = f"GPU idle {share * 100:.0f}% of the time while the main thread runs CPU code" + (
         f", mostly {where}" if where else "") + (f"; {stall}" if stall else "")
     ev = {**_evidence(sig, budget, CPU), "cpu_owners_pct": {k: _pct(v) for k, v in owners.items()} or None, **sev}
-    return host_bound.spec.finding(level=share / HOST_BOUND_SHARE, lost_share=share, confidence=0.8,
+    ev["framework_cpu_pct"] = _pct(fw_share)
+    return host_bound.spec.finding(level=share / HOST_BOUND_SHARE if in_use else 0.0, lost_share=share, confidence=0.8,
                                    evidence=ev, advice=advice, summary=summary)
 
 
@@ -113,12 +128,16 @@ def io_stall(sig: Signals) -> Finding | None:
 
 
 @verdict(title="Loop blocked: sleeps, locks or network calls keep the GPU waiting", severity=SEVERITY_WARNING,
-         order=67, meaning="the GPU is idle >= {LOOP_BLOCKED_SHARE:.0%} of the time while the main thread is "
-                           "blocked off the CPU (sleep, lock, queue, socket)")
+         order=67, meaning="the GPU is idle >= {LOOP_BLOCKED_SHARE:.0%} of the time while the main thread is in a "
+                           "blocking call (sleep, lock, queue, socket)")
 def loop_blocked(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{BLOCKED}"), sig.facts.get("budget")
     if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
         return None
+    # judged on the waits the frames name (sleep, lock, queue, socket): off-CPU time the kernel
+    # sees inside torch ops or page faults is real, but another verdict names its cause
+    named = budget.get("blocked_in_calls")
+    named = named if isinstance(named, (int, float)) else 0.0
     where = _top_frame(budget, BLOCKED)
     stall, sev = _stall_text(budget, BLOCKED)
     summary = f"GPU idle {share * 100:.0f}% of the time while the main thread is {LABELS[BLOCKED]}" + (
@@ -128,6 +147,7 @@ def loop_blocked(sig: Signals) -> Finding | None:
               "them less frequent; remove sleeps from the loop.")
     if where:
         advice = f"It waits in {where}. " + advice
-    return loop_blocked.spec.finding(level=share / LOOP_BLOCKED_SHARE, lost_share=share, confidence=0.75,
-                                     evidence={**_evidence(sig, budget, BLOCKED), **sev}, advice=advice,
+    return loop_blocked.spec.finding(level=named / LOOP_BLOCKED_SHARE, lost_share=share, confidence=0.75,
+                                     evidence={**_evidence(sig, budget, BLOCKED), "in_blocking_calls_pct": _pct(named),
+                                               **sev}, advice=advice,
                                      summary=summary)

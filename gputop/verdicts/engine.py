@@ -19,6 +19,7 @@ from gputop.catalogue import KIND_PHASE
 from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP
 from gputop.model import Sample
+from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
@@ -94,10 +95,17 @@ class VerdictEngine:
             if f is not None:
                 found[f.id] = f
         launch, host = found.get("launch_bound"), found.get("host_bound")
-        if launch is not None and host is not None and launch.level >= 1.0:
-            # the CPU time is spent launching kernels too small to fill the GPU: the more
-            # specific explanation of the same host-bound loop
-            found["host_bound"] = replace(host, level=0.0)
+        if launch is not None and host is not None and launch.level >= 1.0 and host.level >= 1.0:
+            if (host.evidence.get("framework_cpu_pct") or 0.0) >= 100.0 * FRAMEWORK_CPU_SHARE:
+                # most of the CPU time is a framework's per-step code, which is what to fix
+                found["launch_bound"] = replace(launch, level=0.0)
+            else:
+                # the CPU time is spent launching kernels too small to fill the GPU: the more
+                # specific explanation of the same host-bound loop
+                found["host_bound"] = replace(host, level=0.0)
+        copy = found.get("h2d_copy_bound")
+        if copy is not None and host is not None and copy.level >= 1.0:
+            found["host_bound"] = replace(found["host_bound"], level=0.0)  # the CPU work is the copy
         idle = found.get("gpu_idle")
         if idle is not None and idle.level >= 1.0 and any(
                 f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from gputop.derive.phases import JUDGED
 from gputop.model import Sample
 from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
+
+
+JUDGED_OR_UNKNOWN = (None, *JUDGED)  # None: a recording made before phases, or no stacks
 
 
 def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, interval_s: float = 1.0) -> dict:
     """{"verdicts": {id: {...}}, "primary_verdict": {...} | None, "timeline": [...]}"""
     duration = max(t_end - t_start, interval_s)
+    why_other = None
     active_n: Counter = Counter()
     last: dict[str, dict] = {}
     first_seen: dict[str, float] = {}
@@ -32,6 +37,12 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
             evidence[s.key].append(s.get("evidence") or {})
             first_seen.setdefault(s.key, s.get("since") if s.get("since") is not None else s.t)
         elif s.kind == KIND_VERDICT_PRIMARY:
+            if s.get("phase") not in JUDGED_OR_UNKNOWN:
+                # start-up, evaluation, the end: no verdict is about them, so they do not count
+                # in any verdict's share of the session
+                if isinstance(s.get("why"), str):
+                    why_other = s.get("why")
+                continue
             evaluations += 1
             pid = s.get("id")
             if not pid and isinstance(s.get("why"), str):
@@ -44,6 +55,10 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         elif s.kind == KIND_VERDICT_CHANGE:
             timeline.append({"t": round(s.t - t_start, 1), "id": s.key, "active": s.get("active"),
                              "title": s.get("title")})
+    if evaluations:
+        duration = max(evaluations * interval_s, interval_s)   # the judged time
+    if why_none is None:
+        why_none = why_other
     verdicts = {}
     for vid, n in active_n.most_common():
         d = last[vid]
