@@ -1,0 +1,225 @@
+"""The time budget in the UI: the overview's line and the Time view, on real H200 recordings.
+
+Data: tests/data/h200/real/*.gtrec, real training loops recorded on the H200 (py-spy stacks,
+NVML, some with the probe). A replay reruns the processors, so the budget shown is recomputed
+from the raw samples by gputop/derive/budget_processor.py. Expected numbers are read from the
+replay's own ``budget`` and ``phase`` samples, never written into the test; what is asserted
+is that the screen says them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import pathlib
+import time
+
+import pytest
+from rich.console import Console
+
+from gputop.derive import budget as bd
+from gputop.session.replay import ReplaySession
+from gputop.ui.app import GputopApp, HelpScreen
+from gputop.ui.panels import budget as ui_budget
+from gputop.ui.snapshot import Snapshot
+from gputop.verdicts import default_processors
+
+REAL = pathlib.Path(__file__).parent / "data" / "h200" / "real"
+
+
+def async_test(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return run
+
+
+def screen_text(app) -> str:
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True,
+                      color_system="truecolor")
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+def replay(name: str, at: float) -> ReplaySession:
+    """A replay that reruns the processors (as ``gputop replay``), paused ``at`` s into the file."""
+    s = ReplaySession(str(REAL / f"{name}.gtrec"), processors=default_processors(), start_playing=False)
+    s.seek(s.t_start + at)
+    return s
+
+
+def view_key(app, view_id: str) -> str:
+    return str(([v.id for v in app.view_specs].index(view_id) + 1) % 10)  # the tenth view is key 0
+
+
+async def time_view(session, size=(120, 60)) -> str:
+    async with GputopApp(session).run_test(size=size) as pilot:
+        await pilot.pause()
+        await pilot.press(view_key(pilot.app, "time"))
+        await pilot.pause()
+        pilot.app.redraw_now()
+        await pilot.pause()
+        assert pilot.app.current_view == "time"
+        return screen_text(pilot.app)
+
+
+async def overview(session, size=(80, 24)) -> str:
+    async with GputopApp(session).run_test(size=size) as pilot:
+        await pilot.pause()
+        return screen_text(pilot.app)
+
+
+def block(text: str, title: str) -> list[str]:
+    """The lines of the panel titled ``title`` (its border line first)."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("─" + title))
+    end = next((i for i in range(top + 1, len(lines)) if lines[i].startswith("─")), len(lines))
+    return lines[top:end]
+
+
+def pct0(v: float) -> str:
+    return f"{v * 100:.0f}%"
+
+
+def pct1(v: float) -> str:
+    return f"{v * 100:.1f}%"
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+# -- the Time view ---------------------------------------------------------------------------------
+
+@async_test
+async def test_time_view_shows_the_window_budget_and_the_periodic_stall():
+    session = replay("periodic_stall-pid", 30.0)
+    data = session.store.latest("budget", "window").data
+    text = await time_view(session)
+    session.stop()
+    table = block(text, "Where the training loop's time went")
+    for c in bd.CATEGORIES:
+        row = next(line for line in table if line.startswith(bd.LABELS[c]))
+        v = data["shares"][c]
+        assert row[len(bd.LABELS[c]):].split()[0] == pct1(v), (c, row, v)
+    assert data["largest"] == "blocked"
+    assert "← largest" in next(line for line in table if line.startswith(bd.LABELS["blocked"]))
+    st = data["stalls"]
+    assert st["periodic"] and st["frame"] == "push_metrics (real_loops.py:280)"
+    flat = " ".join(" ".join(table).split())
+    assert f"stops {st['duration_s']:.1f} s every {st['period_s']:.1f} s in push_metrics (real_loops.py:280)" in flat
+    assert f"{pct0(st['share'])} of the window" in flat
+    # the blocked time's top frame, with its share of the window and its owner
+    frames = block(text, "Top frames")
+    f, share, owner = data["frames"]["blocked"][0]
+    assert any(line.split()[:3] == [pct1(share), owner, f.split()[0]] and f in line for line in frames), frames
+    head = next(line for line in frames if line.startswith(bd.LABELS["blocked"]))
+    assert pct1(data["shares"]["blocked"]) in head
+
+
+@async_test
+async def test_time_view_phase_startup_and_session_budget_training_first():
+    session = replay("checkpoint_stall-run", 25.0)
+    window = session.store.latest("budget", "window").data
+    phase = session.store.latest("phase", "main").data
+    sess = session.store.latest("budget", "session").data
+    text = await time_view(session)
+    session.stop()
+    # the probe's split of a step, labelled as the probe's
+    probe = window["probe"]
+    line = block(text, "Per step (probe)")[1]
+    assert f"{probe['steps_per_s']:.1f} steps/s" in line and f"{probe['step_ms']:.1f} ms/step" in line
+    assert f"data wait {pct0(probe['data_wait_share'])}" in line and f"GPU {pct0(probe['gpu_share'])}" in line
+    # the phase, with the start-up's parts
+    lines = block(text, "Phase")
+    assert lines[1].startswith(phase["label"])
+    assert lines[2].strip() == phase["startup_text"]
+    # the session's budget per phase, training first, with its seconds and shares
+    rows = block(text, "Whole session")[1:]
+    rows = rows[:rows.index(next(r for r in rows if not r.strip()))]  # then the empty rest of the view
+    assert rows[0].startswith("training") and {"training", "start-up"} <= {r.split()[0] for r in rows}
+    for row in rows:
+        name = next(p for p in sess["phases"] if row.startswith(ui_budget.phase_words(p)))
+        d = sess["phases"][name]
+        assert f"{d['seconds']:.1f} s" in row
+        c, v = ui_budget.ordered_shares(d)[0]
+        assert f"{ui_budget.SHORT[c]} {pct0(v)}" in row, (row, c, v)
+
+
+# -- the overview's line ---------------------------------------------------------------------------
+
+@async_test
+async def test_overview_line_largest_first_with_the_frame_and_the_phase_in_80_columns():
+    session = replay("periodic_stall-pid", 30.0)
+    data = session.store.latest("budget", "window").data
+    text = await overview(session)
+    session.stop()
+    lines = block(text, "Time budget")
+    assert len(lines) == 2, lines
+    line = lines[1].rstrip()
+    assert len(line) <= 80
+    shares = sorted(((c, v) for c, v in data["shares"].items() if v is not None and v >= 0.01), key=lambda cv: -cv[1])
+    pos = [line.index(f"{ui_budget.SHORT[c]} {pct0(v)}") for c, v in shares]
+    assert pos == sorted(pos), (line, shares)
+    assert "(push_metrics" in line and line.endswith("phase training")
+    for c, v in data["shares"].items():
+        if v is not None and v < 0.01:
+            assert f"{ui_budget.SHORT[c]} " not in line.replace("phase training", "")
+
+
+@async_test
+async def test_overview_line_in_start_up_says_the_start_up_parts():
+    session = replay("slow_startup-pid", 8.0)
+    phase = session.store.latest("phase", "main").data
+    assert phase["phase"] == "startup"
+    text = await overview(session, size=(160, 40))
+    session.stop()
+    line = block(text, "Time budget")[1].rstrip()
+    assert line.endswith(phase["startup_text"]), (line, phase)
+
+
+@async_test
+async def test_overview_line_waits_for_stacks_before_the_first_budget():
+    session = replay("periodic_stall-pid", 0.0)
+    assert session.store.latest("budget", "window") is None
+    text = await overview(session)
+    session.stop()
+    assert block(text, "Time budget")[1].startswith("time budget: waiting for stacks")
+
+
+def test_strip_fits_every_width_and_keeps_the_phase():
+    session = replay("checkpoint_stall-pid", 20.0)
+    snap = Snapshot(session)
+    session.stop()
+    for width in range(20, 161):
+        t = ui_budget.strip_text(snap, width)
+        assert t.cell_len <= width, (width, t.plain)
+        if width >= 60:
+            assert "phase" in t.plain, (width, t.plain)
+
+
+def test_short_names_and_help_cover_every_category():
+    assert set(ui_budget.SHORT) == set(bd.CATEGORIES)
+    assert len(set(ui_budget.SHORT.values())) == len(bd.CATEGORIES)
+
+
+@async_test
+async def test_help_lists_each_category_with_its_label_and_meaning():
+    session = replay("periodic_stall-pid", 30.0)
+    async with GputopApp(session).run_test(size=(200, 200)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, HelpScreen)
+        text = " ".join(screen_text(pilot.app).split())
+    session.stop()
+    assert "0 Time" in text
+    for c in bd.CATEGORIES:
+        assert bd.LABELS[c] in text
+        assert " ".join(bd.HELP[c].split()[:6]) in text, c
