@@ -110,11 +110,16 @@ def _verdict_section(path: str) -> dict:
     from gputop.verdicts import default_processors
     from gputop.verdicts.summary import summarize_verdicts
 
-    got = replay_whole(path, default_processors())
+    from gputop.derive.budget_processor import BudgetProcessor, budget_section
+
+    processors = default_processors()
+    got = replay_whole(path, processors)
     out = summarize_verdicts(got.samples, got.t_start, got.t_end)
+    budget = next((p for p in processors if isinstance(p, BudgetProcessor)), None)
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
             "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
-            "no_verdict_why": out["no_verdict_why"]}
+            "no_verdict_why": out["no_verdict_why"],
+            **(budget_section(budget, got.t_end) if budget is not None else {})}
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:
@@ -123,7 +128,10 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     agg = _Agg()
     want_kinds = {k for s in SECTIONS for k in s.kinds}
     section_samples: list[Sample] = []
+    # A source's health as it stands at the end of the file (a probe that attached before
+    # `import torch` and then saw it is healthy), with its worst failure before that, if any.
     health_worst: dict[str, dict] = {}
+    health_last: dict[str, dict] = {}
     clock_events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     gpu_rows: dict[str, int] = defaultdict(int)
     n_samples = 0
@@ -150,6 +158,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
                         rank = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}.get(state, 0)
                         if rank >= health_worst.get(key, {}).get("_rank", -1):
                             health_worst[key] = {"_rank": rank, "state": state, "message": msg}
+                        health_last[key] = {"_rank": rank, "state": state, "message": msg}
                 if kind in want_kinds:
                     names = list(cols)
                     for i, t in enumerate(ts):
@@ -175,7 +184,10 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "rates": {name: (src or {}).get("rates") for name, src in (meta.get("sources") or {}).items()
                       if isinstance(src, dict) and src.get("rates")},
         },
-        "sources": {k: {"state": v["state"], "message": v["message"]} for k, v in sorted(health_worst.items())},
+        "sources": {k: {"state": v["state"], "message": v["message"],
+                        **({"earlier": {"state": health_worst[k]["state"], "message": health_worst[k]["message"]}}
+                           if health_worst[k]["state"] == "failed" and v["state"] != "failed" else {})}
+                    for k, v in sorted(health_last.items())},
         "gpus": [],
         "host": {},
     }
@@ -310,6 +322,11 @@ def render_text(report: dict) -> str:
     for name, h in report.get("sources", {}).items():
         if h["state"] != "ok":
             lines.append(f"  source   {name}: {h['state']} — {h['message']}")
+    if "startup" in report or "budget" in report:
+        from gputop.derive.budget_processor import render_budget_text
+
+        lines.append("")
+        lines.extend(render_budget_text(report))
     if "verdicts" in report:
         from gputop.verdicts.summary import render_verdicts_text
 

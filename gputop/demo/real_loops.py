@@ -145,13 +145,16 @@ def checkpoint_stall(m, every_s: float = 4.0) -> None:
     torch = _torch()
     model, x, y = _busy_model(torch)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    # On a CPU the model is small; a 128 MiB copy of the weights (as an EMA would be) keeps the
+    # checkpoint big enough to see. On a GPU the model's own 2 GiB of state does that.
+    extra = None if _gpu(torch) else torch.zeros(32 << 20)
     path = os.path.join(tempfile.mkdtemp(prefix="gputop-ckpt-"), "checkpoint.pt")
     last = time.monotonic()
     try:
         while True:
             _step(torch, model, opt, x, y)
             if time.monotonic() - last >= every_s:
-                save_checkpoint(torch, model, opt, path)
+                save_checkpoint(torch, model, opt, path, extra)
                 last = time.monotonic()
             if not m.step():
                 return
@@ -163,9 +166,12 @@ def checkpoint_stall(m, every_s: float = 4.0) -> None:
             pass
 
 
-def save_checkpoint(torch, model, opt, path: str) -> None:
+def save_checkpoint(torch, model, opt, path: str, extra=None) -> None:
     t0 = time.monotonic()
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    if extra is not None:
+        state["ema"] = extra
+    torch.save(state, path)
     print(f"stall {t0:.3f} {time.monotonic() - t0:.3f}", flush=True)
 
 

@@ -215,6 +215,18 @@ class Budget:
             if cat == CPU:
                 self.owners[n.leaf_owner] += s
 
+    def merge(self, other: "Budget") -> None:
+        """Add another budget's time (the report joins training and checkpointing)."""
+        self.seconds.update(other.seconds)
+        for c, fs in other.frames.items():
+            self.frames.setdefault(c, Counter()).update(fs)
+        self.owners.update(other.owners)
+        for f, p in other.paths.items():
+            self.paths.setdefault(f, p)
+        self.total_s += other.total_s
+        self.with_gpu = self.with_gpu and other.with_gpu
+        self.named_blocked_s += other.named_blocked_s
+
     def shares(self) -> dict[str, float | None]:
         if self.total_s <= 0:
             return dict.fromkeys(CATEGORIES)

@@ -67,6 +67,7 @@ class BudgetProcessor:
         self.phase_said_t = None
         self.session_said_t = None
         self.pid = None
+        self.gpu_source = None
 
     def process(self, store, now: float) -> list[Sample]:
         pid, only = judged_process(store, now)
@@ -93,6 +94,7 @@ class BudgetProcessor:
         moments, source = self.builder.moments(store, pid, since, now, gpus)
         if not moments:
             moments, source = self._gpu_only(store, since, gpus)
+        self.gpu_source = source or self.gpu_source
         if moments:
             b = budget_of(moments)
             data = b.to_data()
@@ -192,3 +194,44 @@ class BudgetProcessor:
 
 def _r(x, nd: int = 4):
     return None if x is None else round(x, nd)
+
+
+def budget_section(processor: "BudgetProcessor", t_end: float) -> dict:
+    """The report's ``budget``, ``phases`` and ``startup`` keys from the processor that replayed
+    the whole file: the same numbers the session's ``budget``/"session" samples carry."""
+    data = processor.session_data(t_end)
+    out: dict = {"startup": data["startup"], "startup_s": (data["startup"] or {}).get("seconds"),
+                 "phases": [{"t": t, "phase": p} for t, p in data["changes"]]}
+    phases = data["phases"]
+    if phases:
+        judged = Budget()
+        for p in ph.JUDGED:
+            if p in processor.session:
+                judged.merge(processor.session[p])
+        out["budget"] = {"training": judged.to_data() if judged.total_s > 0 else None,
+                         "by_phase": phases, "gpu_source": processor.gpu_source}
+    return out
+
+
+def render_budget_text(report: dict) -> list[str]:
+    """The report's text lines for the start-up and the training time budget."""
+    from gputop.derive.budget import CATEGORIES, LABELS, budget_text
+
+    lines = []
+    st = report.get("startup")
+    if st:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in st["parts"].items() if v >= 0.1)
+        lines.append(f"Start-up {st['seconds']:.1f} s" + (f": {parts}" if parts else "")
+                     + " (not judged: verdicts are about training)")
+    b = (report.get("budget") or {}).get("training")
+    if b:
+        src = (report.get("budget") or {}).get("gpu_source")
+        lines.append(f"Time budget of training ({b['seconds']:.0f} s of main-thread samples; GPU busy from "
+                     f"{src or 'no GPU counters'}): {budget_text(b)}")
+        for c in CATEGORIES:
+            v = b["shares"].get(c)
+            if isinstance(v, (int, float)) and v >= 0.005:
+                top = (b.get("frames") or {}).get(c) or []
+                where = f"  {top[0][0]}" if top else ""
+                lines.append(f"  {LABELS[c]:<34} {v * 100:5.1f}%{where}")
+    return lines

@@ -174,6 +174,10 @@ class MomentBuilder:
         mean_busy = None if timed else busy.mean(t0, t0 + dur)
         ms = [Moment(t0 + (i + 0.5) * dt, dt, busy.at(t0 + (i + 0.5) * dt) if timed else mean_busy, nm)
               for i, nm in enumerate(order)]
+        if busy.lines:
+            # with GPU counters, a moment without a GPU sample near it cannot be joined: leave it
+            # out rather than count it as idle (or the shares would not sum to 1)
+            ms = [m for m in ms if m.busy is not None]
         self._split(ms, pid, kernel)
         return ms
 

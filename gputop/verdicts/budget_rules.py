@@ -16,7 +16,7 @@ When the budget's stalls come back at a steady interval, the evidence names peri
 
 from __future__ import annotations
 
-from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO, LABELS
+from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO
 from gputop.verdicts.finding import SEVERITY_WARNING, Finding
 from gputop.verdicts.registry import verdict
 from gputop.verdicts.signals import Signals
@@ -34,6 +34,11 @@ def _pct(x):
 
 def _r(x):
     return None if x is None else round(x, 1)
+
+
+def _win(budget: dict) -> str:
+    w = budget.get("window_s")
+    return f"{w:.0f} s" if isinstance(w, (int, float)) else "window"
 
 
 def _frames(budget: dict, cat: str, n: int = 3) -> list:
@@ -99,7 +104,7 @@ def host_bound(sig: Signals) -> Finding | None:
     if where:
         advice = f"The hottest code is {where}. " + advice
     stall, sev = _stall_text(budget, CPU)
-    summary = f"GPU idle {share * 100:.0f}% of the time while the main thread runs CPU code" + (
+    summary = f"GPU idle {share * 100:.0f}% of the last {_win(budget)} while the main thread runs CPU code" + (
         f", mostly {where}" if where else "") + (f"; {stall}" if stall else "")
     ev = {**_evidence(sig, budget, CPU), "cpu_owners_pct": {k: _pct(v) for k, v in owners.items()} or None, **sev}
     ev["framework_cpu_pct"] = _pct(fw_share)
@@ -117,7 +122,7 @@ def io_stall(sig: Signals) -> Finding | None:
     where = _top_frame(budget, IO)
     stall, sev = _stall_text(budget, IO)
     psi = sig.get("host.psi_io_some_pct")
-    summary = f"GPU idle {share * 100:.0f}% of the time in file I/O" + (f" ({where})" if where else "") + (
+    summary = f"GPU idle {share * 100:.0f}% of the last {_win(budget)} in file I/O" + (f" ({where})" if where else "") + (
         f"; {stall}" if stall else "")
     advice = ("Take file I/O off the training loop's critical path: save checkpoints asynchronously "
               "(torch.distributed.checkpoint.async_save, or copy the state to the host and write it from a "
@@ -140,7 +145,7 @@ def loop_blocked(sig: Signals) -> Finding | None:
     named = named if isinstance(named, (int, float)) else 0.0
     where = _top_frame(budget, BLOCKED)
     stall, sev = _stall_text(budget, BLOCKED)
-    summary = f"GPU idle {share * 100:.0f}% of the time while the main thread is {LABELS[BLOCKED]}" + (
+    summary = f"GPU idle {share * 100:.0f}% of the last {_win(budget)} in blocking calls" + (
         f" in {where}" if where else "") + (f"; {stall}" if stall else "")
     advice = ("The training loop waits on something other than the GPU or its data: move synchronous "
               "calls (metric uploads, RPCs, waiting on a lock or a queue) to a background thread, or make "

@@ -100,12 +100,12 @@ def _evidence_summary(rows: list[dict]) -> dict:
 
 
 def render_verdicts_text(section: dict) -> list[str]:
-    lines = ["Triage (verdicts, ranked by the share of the session each explained)"]
+    lines = ["Triage (verdicts, ranked by the share of the judged time — training — each explained)"]
     p = section.get("primary_verdict")
     if p is None:
         lines.append(f"  no verdict: {section.get('no_verdict_why') or 'not enough data'}")
         return lines
-    lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the session, "
+    lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the judged time, "
                  f"from {p['first_seen_s']:.0f} s")
     if p.get("summary"):
         lines.append(f"           evidence: {p['summary']}")
@@ -114,7 +114,7 @@ def render_verdicts_text(section: dict) -> list[str]:
     others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
     for vid, v in sorted(others, key=lambda kv: -kv[1]["active_share"]):
         lines.append(f"  {v['severity']:<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
-                     f"of the session; {v.get('summary') or ''}")
+                     f"of the judged time; {v.get('summary') or ''}")
     if section.get("first_verdict_s") is not None:
         lines.append(f"  first verdict {section['first_verdict_s']:.1f} s after the session started")
     return lines

@@ -1,0 +1,170 @@
+"""The time budget, the phases and the verdicts that read them, on real training code recorded on
+the H200 (benchmarks/h200.sh phase `real`: Hugging Face Trainer, Lightning, plain PyTorch loops
+with checkpoints, CPU work, evaluation, a slow start-up, a periodic blocking call), each watched
+from its start; and, on this machine, a real CPU job under a real py-spy."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gputop.demo.workload import SCENARIOS
+from gputop.derive.budget import CATEGORIES, LOST
+from gputop.derive.phases import JUDGED
+from gputop.report import build_report
+from gputop.session.whole_replay import replay_whole
+from gputop.verdicts import default_processors
+
+REAL = pathlib.Path(__file__).resolve().parent / "data" / "h200" / "real"
+RECORDINGS = sorted(p.name for p in REAL.glob("*.gtrec"))
+
+
+def _scenario(name: str) -> str:
+    return "default" if name == "demo.gtrec" else name.rsplit("-", 1)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _report(name: str) -> dict:
+    return build_report(str(REAL / name))
+
+
+@functools.lru_cache(maxsize=None)
+def _replay(name: str):
+    return replay_whole(str(REAL / name), default_processors(), kinds={"budget", "phase", "verdict_primary"})
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_real_training_code_gets_its_verdict(name):
+    """The expected primary verdict, primary for most of the judged (training) time."""
+    rep = _report(name)
+    expect = SCENARIOS[_scenario(name)].expect
+    primary = rep["primary_verdict"]
+    assert primary is not None, rep["no_verdict_why"]
+    assert primary["id"] == expect, (primary, {k: v["active_share"] for k, v in rep["verdicts"].items()})
+    assert primary["share"] >= 0.5
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_budget_sums_to_one_in_every_window(name):
+    windows = [s for s in _replay(name).samples if s.kind == "budget" and s.key == "window"]
+    assert len(windows) > 10
+    for s in windows:
+        shares = s.get("shares")
+        assert set(shares) == set(CATEGORIES)
+        assert abs(sum(v for v in shares.values() if v is not None) - 1.0) <= 0.02, (s.t, shares)
+
+
+def test_no_verdict_is_about_the_start_up():
+    """HF Trainer spends ~12 s importing and building GPT-2 with the GPU idle: that is start-up,
+    with its parts, and the first verdict comes after the first training step."""
+    rep = _report("hf_trainer-pid.gtrec")
+    st = rep["startup"]
+    assert 8.0 <= st["seconds"] <= 20.0 and rep["startup_s"] == st["seconds"]
+    assert st["parts"]["importing"] >= 4.0
+    training = next(p["t"] for p in rep["phases"] if p["phase"] == "training")
+    assert rep["first_verdict_s"] >= training
+    assert "gpu_idle" not in rep["verdicts"]
+    samples = _replay("hf_trainer-pid.gtrec").samples
+    during = [s for s in samples if s.kind == "verdict_primary" and s.get("phase") == "startup"]
+    assert during and all(s.get("id") is None and "start-up" in s.get("why") for s in during)
+
+
+def test_slow_start_up_is_building_the_model_then_gpu_bound():
+    rep = _report("slow_startup-pid.gtrec")
+    assert rep["startup"]["parts"].get("building the model", 0) >= 3.0
+    assert rep["primary_verdict"]["id"] == "gpu_bound"
+
+
+def test_evaluation_is_a_phase_of_its_own():
+    phases = [p["phase"] for p in _report("eval_phase-pid.gtrec")["phases"]]
+    assert "evaluation" in phases and phases.count("training") >= 2   # trains, evaluates, trains again
+
+
+@pytest.mark.parametrize("name, verdict, cat, frame", [
+    ("checkpoint_stall-pid.gtrec", "io_stall", "io", "save_checkpoint (real_loops.py:"),
+    ("cpu_work-pid.gtrec", "host_bound", "cpu", "augment (real_loops.py:"),
+    ("periodic_stall-pid.gtrec", "loop_blocked", "blocked", "push_metrics (real_loops.py:"),
+])
+def test_the_named_frame_is_the_jobs_own_code(name, verdict, cat, frame):
+    rep = _report(name)
+    top = rep["budget"]["training"]["frames"][cat][0]
+    assert top[0].startswith(frame) and top[2] == "user"
+    assert frame in rep["verdicts"][verdict]["summary"]
+
+
+def test_framework_overhead_is_named_as_the_frameworks():
+    ev = _report("lightning-pid.gtrec")["verdicts"]["host_bound"]
+    assert ev["evidence"]["framework_cpu_pct"] >= 40        # (the mean over the time it was active)
+    assert "framework" in ev["advice"] and "lightning" in ev["advice"]
+
+
+def test_a_stall_every_three_seconds_is_named_with_period_and_length():
+    """periodic_stall: 1.5 s of GPU-bound steps, then time.sleep(1.5) (plus the sync before it)."""
+    rep = _report("periodic_stall-pid.gtrec")
+    ev = rep["verdicts"]["loop_blocked"]["evidence"]
+    assert abs(ev["stall_s"] - 1.5) <= 0.3
+    assert abs(ev["stall_every_s"] - 3.0) <= 0.6
+    assert "every" in rep["verdicts"]["loop_blocked"]["summary"]
+
+
+def test_the_session_budget_of_training_matches_the_report_text():
+    rep = _report("checkpoint_stall-pid.gtrec")
+    from gputop.report import render_text
+
+    text = render_text(rep)
+    io = rep["budget"]["training"]["shares"]["io"]
+    assert f"file I/O {io * 100:.0f}%" in text
+    assert rep["budget"]["gpu_source"] == "util.gpu"
+
+
+def test_the_probe_is_judged_as_it_stands_at_the_end():
+    """A probe that attached before `import torch` and then saw it is healthy at the end."""
+    rep = _report("hf_trainer-run.gtrec")
+    assert rep["sources"]["probe"]["state"] == "ok"
+
+
+def test_busy_but_not_saturated_is_never_silent():
+    """When no rule holds, the reason names the budget's largest shares."""
+    from gputop.derive.budget import budget_text
+
+    data = {"shares": {"gpu_busy": 0.78, "cpu": 0.09, "data": 0.05, "io": 0.0, "sync": 0.08},
+            "frames": {"cpu": [["step (train.py:42)", 0.09, "user"]]}}
+    text = budget_text(data, below=0.1)
+    assert text.startswith("GPU busy 78%; no single cause above 10%")
+    assert "Python/CPU code 9% (step (train.py:42))" in text
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_judged_verdicts_only_in_judged_phases(name):
+    for s in _replay(name).samples:
+        if s.kind == "verdict_primary" and s.get("id") is not None:
+            assert s.get("phase") in (None, *JUDGED)
+
+
+def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
+    """No GPU here: the budget is of the main thread's time, the checkpoint's frames are named
+    file I/O, and the phases go from start-up to training."""
+    rec = tmp_path / "ckpt.gtrec"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    job = subprocess.Popen([sys.executable, "-m", "gputop.demo.workload", "--scenario", "checkpoint_stall",
+                            "--duration", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "14",
+                              "--record", str(rec), "--json"], capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        job.kill()
+        job.wait()
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    b = rep["budget"]["training"]
+    assert b["shares"]["gpu_busy"] is None                    # no GPU counters: not guessed
+    assert abs(sum(v for k, v in b["shares"].items() if k in LOST) - 1.0) <= 0.02
+    assert b["shares"]["io"] > 0.01 and b["frames"]["io"][0][0].startswith("save_checkpoint (real_loops.py:")
+    assert [p["phase"] for p in rep["phases"]][:2] in (["startup", "training"], ["training", "checkpointing"],
+                                                       ["training"])
