@@ -16,12 +16,15 @@ import pathlib
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from gputop.derive import budget as bd
 from gputop.session.replay import ReplaySession
 from gputop.ui.app import GputopApp, HelpScreen
 from gputop.ui.panels import budget as ui_budget
+from gputop.ui.panels import panels_for
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts import default_processors
 
@@ -219,7 +222,62 @@ async def test_help_lists_each_category_with_its_label_and_meaning():
         assert isinstance(pilot.app.screen, HelpScreen)
         text = " ".join(screen_text(pilot.app).split())
     session.stop()
-    assert "0 Time" in text
+    assert "9 Time" in text and "0 Sources" in text
     for c in bd.CATEGORIES:
         assert bd.LABELS[c] in text
         assert " ".join(bd.HELP[c].split()[:6]) in text, c
+
+
+# -- damaged files ---------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+BUDGET_FIELDS = ["seconds", "shares", "largest", "frames", "cpu_owners", "blocked_in_calls", "window_s",
+                 "gpu_source", "phase", "pid", "from", "stalls", "probe", "phases", "startup", "startup_text"]
+
+
+@st.composite
+def budget_data(draw):
+    d = {k: draw(json_values) for k in draw(st.lists(st.sampled_from(BUDGET_FIELDS), unique=True))}
+    if draw(st.booleans()):
+        d["shares"] = {c: draw(json_values) for c in draw(st.lists(st.sampled_from(bd.CATEGORIES), unique=True))}
+    if draw(st.booleans()):
+        d["stalls"] = {k: draw(json_values) for k in ("count", "duration_s", "share", "period_s", "periodic",
+                                                       "cause", "frame")}
+    if draw(st.booleans()):
+        d["frames"] = {c: draw(st.lists(st.lists(json_values, max_size=4), max_size=3))
+                       for c in (bd.CPU, bd.IO, bd.BLOCKED)}
+    return d
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(budget_data(), budget_data(), st.dictionaries(st.sampled_from(["phase", "label", "since", "training_since",
+                                                                      "startup", "startup_text"]), json_values))
+def test_damaged_budget_samples_draw_without_error(window, session_, phase):
+    from gputop.session.store import SampleStore
+    from gputop.model import Sample
+
+    store = SampleStore()
+    store.on_samples([Sample(1.0, "budget", "window", window), Sample(1.0, "budget", "session", session_),
+                    Sample(1.0, "phase", "main", phase)])
+
+    class S:
+        meta: dict = {}
+        playback = None
+
+        def __init__(self):
+            self.store = store
+
+        def now(self):
+            return 2.0
+
+    snap = Snapshot(S())
+    for cls in panels_for("time") + [ui_budget.TimeBudgetStrip]:
+        panel = cls()
+        panel.shown(snap)
+        text = panel.draw(snap, 80)
+        assert "\x1b" not in text.plain

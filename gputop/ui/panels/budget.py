@@ -28,7 +28,7 @@ from gputop.ui.panels import TextPanel, register_help_section, register_panel, r
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts.budget_rules import _stall_text
 
-register_view("time", "Time", order=95)
+register_view("time", "Time", order=85)   # after Ranks, before Sources (which stays last)
 
 STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
 STALE_S = 5.0          # the processor publishes the window budget every second
@@ -143,8 +143,12 @@ def stall_line(stalls) -> str | None:
     network), 29% of the window", or None without stalls."""
     if not isinstance(stalls, dict) or not stalls.get("count"):
         return None
-    cause = stalls.get("cause")
-    text, _ev = _stall_text({"stalls": stalls}, cause)   # the verdicts' own words for it
+    cause = stalls.get("cause") if isinstance(stalls.get("cause"), str) else None
+    numbers = all(isinstance(stalls.get(k), (int, float)) for k in ("count", "duration_s"))
+    if numbers and stalls.get("periodic") and not isinstance(stalls.get("period_s"), (int, float)):
+        numbers = False
+    # the verdicts' own words for it
+    text = _stall_text({"stalls": stalls}, cause)[0] if numbers and cause else ""
     if not text:
         where = f" in {fmt.clean(stalls['frame'])}" if stalls.get("frame") else ""
         text = f"one stall of {fmt.num(stalls.get('duration_s'), ' s', 1)}{where}"
@@ -155,7 +159,9 @@ def stall_line(stalls) -> str | None:
 
 
 def phase_words(phase: str | None) -> str:
-    return ph.LABELS.get(phase, fmt.clean(phase)) if phase else fmt.NA
+    if not phase:
+        return fmt.NA
+    return ph.LABELS.get(phase, fmt.clean(phase)) if isinstance(phase, str) else fmt.clean(phase)
 
 
 def bar(share, width: int) -> Text:
@@ -171,12 +177,20 @@ def bar(share, width: int) -> Text:
 
 # -- reading the snapshot ------------------------------------------------------------------------
 
+def _valid(s):
+    return s if s is not None and isinstance(s.data, dict) else None
+
+
 def window_budget(snap: Snapshot):
-    return snap.latest(KIND_BUDGET, "window")
+    return _valid(snap.latest(KIND_BUDGET, "window"))
+
+
+def session_budget(snap: Snapshot):
+    return _valid(snap.latest(KIND_BUDGET, "session"))
 
 
 def phase_sample(snap: Snapshot):
-    return snap.latest(KIND_PHASE, "main")
+    return _valid(snap.latest(KIND_PHASE, "main"))
 
 
 def has_budget(snap: Snapshot) -> bool:
@@ -254,7 +268,7 @@ class TimeBudgetWindow(TextPanel):
         out.append(phase_words(d.get("phase")))
         out.append(" · GPU from ", style=STYLE_DIM)
         src = d.get("gpu_source")
-        out.append(GPU_SOURCE_WORDS.get(src, fmt.clean(src)) if src else "no GPU counters (shares of the main thread's time)")
+        out.append(GPU_SOURCE_WORDS.get(src, fmt.clean(src)) if isinstance(src, str) and src else "no GPU counters (shares of the main thread's time)")
         out.append(" · from ", style=STYLE_DIM)
         out.append("py-spy stacks" if d.get("from") == "stacks" else "GPU samples only (no stacks)")
         if d.get("pid") is not None:
@@ -304,7 +318,10 @@ class TimeBudgetFrames(TextPanel):
         return s is not None and any(top_frames(s.data, c) for c in FRAME_CATEGORIES)
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        d = window_budget(snap).data
+        s = window_budget(snap)
+        if s is None:
+            return waiting_text(snap)
+        d = s.data
         out = Text()
         first = True
         for c in FRAME_CATEGORIES:
@@ -314,7 +331,8 @@ class TimeBudgetFrames(TextPanel):
             if not first:
                 out.append("\n")
             first = False
-            out.append(f"{bd.LABELS[c]} {share_pct((d.get('shares') or {}).get(c), 1)}", style=STYLE_LABEL)
+            shares = d.get("shares") if isinstance(d.get("shares"), dict) else {}
+            out.append(f"{bd.LABELS[c]} {share_pct(shares.get(c), 1)}", style=STYLE_LABEL)
             if c == bd.CPU and isinstance(d.get("cpu_owners"), dict) and d["cpu_owners"]:
                 owners = ", ".join(f"{fmt.clean(k)} {share_pct(v)}" for k, v in d["cpu_owners"].items())
                 out.append(f" · whose code: {owners}", style=STYLE_DIM)
@@ -342,8 +360,11 @@ class TimeBudgetProbe(TextPanel):
         return s is not None and isinstance(s.data.get("probe"), dict)
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        p = window_budget(snap).data["probe"]
+        s = window_budget(snap)
+        p = s.data.get("probe") if s is not None else None
         t = Text()
+        if not isinstance(p, dict):
+            return t.append("no probe in this window (gputop --probe times each step)", style=STYLE_DIM)
         t.append(fmt.num(p.get("steps_per_s"), " steps/s", 1))
         t.append(" · ")
         t.append(fmt.num(p.get("step_ms"), " ms/step", 1))
@@ -399,11 +420,13 @@ class TimeBudgetSession(TextPanel):
     TITLE = "Whole session, per phase"
 
     def shown(self, snap: Snapshot) -> bool:
-        return snap.latest(KIND_BUDGET, "session") is not None
+        return session_budget(snap) is not None
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        s = snap.latest(KIND_BUDGET, "session")
+        s = session_budget(snap)
         out = Text()
+        if s is None:
+            return out.append("no session budget yet (every 5 s)", style=STYLE_DIM)
         name_w = max(len(ph.LABELS[p]) for p in (ph.TRAINING, ph.STARTUP, ph.EVALUATION, ph.CHECKPOINTING))
         for i, (p, d) in enumerate(session_phases(s.data)):
             line = Text()
