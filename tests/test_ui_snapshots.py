@@ -43,7 +43,7 @@ def show(view_id: str):
     """run_before for snap_compare: press the view's number key (looked up: panel modules of
     other features add views, which renumbers the later ones)."""
     async def run_before(pilot):
-        await pilot.press(str([v.id for v in pilot.app.view_specs].index(view_id) + 1))
+        await pilot.press(str(([v.id for v in pilot.app.view_specs].index(view_id) + 1) % 10))  # the tenth is 0
     return run_before
 
 
@@ -77,6 +77,20 @@ def test_target_exited_80x24(snap_compare):
 
 def test_terminal_too_small(snap_compare):
     assert snap_compare(app_at(45.0), terminal_size=(70, 20))
+
+
+REAL = FIXTURE.parent / "h200" / "real"
+
+
+def test_time_view_120x40(snap_compare):
+    """The Time view of a real training loop with a periodic stall (processors rerun, as
+    ``gputop replay`` does: the budget is recomputed from the raw samples)."""
+    from gputop.verdicts import default_processors
+
+    session = ReplaySession(str(REAL / "periodic_stall-pid.gtrec"), processors=default_processors(),
+                            start_playing=False)
+    session.seek(session.t_start + 30.0)
+    assert snap_compare(GputopApp(session), terminal_size=(120, 40), run_before=show("time"))
 
 
 def _gpu_recordings() -> list[pathlib.Path]:
