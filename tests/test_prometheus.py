@@ -198,6 +198,30 @@ def test_thread_states_and_probe_timings():
         s.stop()
 
 
+@pytest.mark.parametrize("name", ["periodic_stall-pid", "checkpoint_stall-pid"])
+def test_time_budget_shares_and_phase_match_the_budget_sample(name):
+    """Real training loops (tests/data/h200/real): one series per budget category, equal to the
+    window budget the replay recomputed; the help names every category's label; the phase is 1."""
+    from gputop.derive import budget as bd
+
+    s = replay(DATA / "h200" / "real" / f"{name}.gtrec", at=None)
+    s.seek(s.t_start + 25.0)
+    try:
+        window = s.store.latest("budget", "window").data
+        fams = parse(scrape_text(s))
+    finally:
+        s.stop()
+    lab = {"host": s.meta["host"], "pid": window["pid"]}
+    fam = fams["gputop_time_budget_share"]
+    assert {x.labels["category"] for x in fam.samples} == set(bd.CATEGORIES)
+    for c in bd.CATEGORIES:
+        assert one(fams, "gputop_time_budget_share", category=c, **lab) == window["shares"][c]
+    assert sum(x.value for x in fam.samples) == pytest.approx(1.0, abs=0.01)
+    assert all(f"{c} = {bd.LABELS[c]}" in fam.documentation for c in bd.CATEGORIES)
+    assert one(fams, "gputop_phase_info", phase=window["phase"], **lab) == 1
+    assert len(fams["gputop_phase_info"].samples) == 1
+
+
 def test_every_source_metric_is_exported_or_explained():
     """'serves every metric': each field the sources declare (and the thread states) has a
     metric family, or a stated reason why it is served in another shape."""

@@ -281,3 +281,21 @@ def test_damaged_budget_samples_draw_without_error(window, session_, phase):
         panel.shown(snap)
         text = panel.draw(snap, 80)
         assert "\x1b" not in text.plain
+
+
+def test_docs_list_every_category_and_phase_with_the_codes_labels():
+    """docs/metrics.md "Time budget" repeats the labels of gputop/derive: they must stay the same."""
+    from gputop.derive import phases as ph
+
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    section = doc.split("## Time budget", 1)[1].split("\n## ", 1)[0]
+    for c in bd.CATEGORIES:
+        assert f"| `{c}` | {bd.LABELS[c]} | {bd.HELP[c]} |" in section, c
+    for p in ph.PHASES:
+        assert f"| `{p}` | {ph.LABELS[p]} |" in section, p
+    for field in ("seconds", "shares", "largest", "frames", "cpu_owners", "blocked_in_calls", "window_s",
+                  "gpu_source", "phase", "pid", "from", "stalls", "probe", "phases", "startup", "startup_text",
+                  "changes", "label", "since", "training_since"):
+        assert f"| `{field}`" in section or f"`{field}`," in section, field
+    prom = (pathlib.Path(__file__).parents[1] / "docs" / "prometheus.md").read_text()
+    assert "gputop_time_budget_share{category}" in prom and "gputop_phase_info{phase}" in prom

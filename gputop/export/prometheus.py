@@ -29,10 +29,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 import gputop
-from gputop.catalogue import (KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY,
-                              KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_PROC, KIND_PROC_INFO, KIND_RANK, KIND_SYSTEM,
+from gputop.catalogue import (KIND_BUDGET, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY,
+                              KIND_PHASE, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_PROC, KIND_PROC_INFO, KIND_RANK,
+                              KIND_SYSTEM,
                               KIND_TARGET, KIND_THREAD, KIND_THREAD_STATE, KIND_VERDICT, KIND_VERDICT_PRIMARY,
                               MetricSpec)
+from gputop.derive import budget as bd
+from gputop.derive import phases as ph
+from gputop.derive.budget_processor import PHASE_EVERY_S
 from gputop.derive.threads import STATES, STATE_LABELS
 from gputop.model import HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_HEALTH
 from gputop.sources import metric_specs
@@ -215,6 +219,7 @@ def collect_families(store, now: float, meta: dict, mode: str = "live") -> list:
     _procs(fams, store, now, host, rank)
     _threads(fams, store, now, host, rank)
     _probe(fams, store, now, host, rank)
+    _budget(fams, store, now, host, target_pid)
     _verdicts(fams, store, now, host, target_pid, meta)
     _health(fams, store, host)
     return list(fams)
@@ -333,6 +338,35 @@ def _probe(fams: _Families, store, now: float, host: str, rank) -> None:
         dev = s.data.get("device")
         lab = {"host": host, "pid": pid, "rank": rank(pid), "cuda_device": "" if dev is None else str(dev)}
         _add_fields(fams, KIND_PROBE_MEMORY, lab, s.data)
+
+
+BUDGET_HELP = ("Share of the training loop's wall time over the last window (up to 20 s of the current phase), "
+               "0-1, summing to 1 over the categories: " + "; ".join(f"{c} = {bd.LABELS[c]} ({bd.HELP[c]})"
+                                                                      for c in bd.CATEGORIES)
+               + ". gpu_busy is absent without GPU counters. (gputop budget/window shares)")
+PHASE_HELP = ("The job's phase now: 1 for the current one (" + ", ".join(f"{p} = {ph.LABELS[p]}" for p in ph.PHASES)
+              + "); verdicts judge " + ", ".join(ph.JUDGED) + " only. (gputop phase.phase)")
+
+
+def _budget(fams: _Families, store, now: float, host: str, target_pid: str) -> None:
+    """The latest window budget (one series per category) and the current phase."""
+    s = store.latest(KIND_BUDGET, "window")
+    window = s.data if _fresh(s, now) and isinstance(s.data, dict) else None
+    pid = str(window.get("pid") or target_pid) if window is not None else target_pid
+    if window is not None:
+        shares = window.get("shares") if isinstance(window.get("shares"), dict) else {}
+        for c in bd.CATEGORIES:
+            fams.add("time_budget_share", BUDGET_HELP, {"host": host, "pid": pid, "category": c}, shares.get(c))
+    # the phase: the window's (every second) when there is one, else the phase sample (sent on
+    # change and every 10 s; "ended" stays true once the job ended)
+    phase = window.get("phase") if window is not None else None
+    if not phase:
+        p = store.latest(KIND_PHASE, "main")
+        if p is not None and isinstance(p.data, dict) and (
+                _fresh(p, now, PHASE_EVERY_S + STALE_S) or p.data.get("phase") == ph.ENDED):
+            phase = p.data.get("phase")
+    if isinstance(phase, str) and phase:
+        fams.add("phase_info", PHASE_HELP, {"host": host, "pid": pid, "phase": phase}, 1)
 
 
 def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, meta: dict) -> None:
