@@ -379,7 +379,10 @@ def _stacks_text(sec: dict) -> list[str]:
         lines.append(f"  not available: {sec.get('why')}")
         return lines
     main = sec.get("main_thread") or {}
-    lines.append(f"  main thread: running {fmt_value(sec.get('running_pct'), '%')}, GIL wait "
+    # (thread states cover the whole session, start-up included: the time budget above is the
+    # training phase's, so the two can differ, and the label says which is which)
+    lines.append(f"  main thread over the whole session (start-up included): running "
+                 f"{fmt_value(sec.get('running_pct'), '%')}, GIL wait "
                  f"{fmt_value(sec.get('gil_wait_pct'), '%')}, DataLoader wait {fmt_value(sec.get('data_wait_pct'), '%')}, "
                  f"CUDA sync wait {fmt_value(sec.get('sync_wait_pct'), '%')}, collectives "
                  f"{fmt_value(sec.get('collective_pct'), '%')}")
@@ -392,7 +395,8 @@ def _stacks_text(sec: dict) -> list[str]:
     workers = sec.get("dataloader_workers") or []
     if workers:
         cpus = ", ".join(fmt_value(w.get("cpu_pct"), "%") for w in workers[:8])
-        lines.append(f"  DataLoader workers ({len(workers)}): CPU {cpus}")
+        lines.append(f"  DataLoader worker processes seen over the session ({len(workers)}; a loader restarts "
+                     f"its workers each epoch unless persistent): CPU {cpus}")
     rows = (sec.get("top_frames") or {}).get("main_thread") or []
     if rows:
         lines.append("  hottest functions of the main thread (self share of samples):")

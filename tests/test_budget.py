@@ -168,3 +168,37 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
     assert b["shares"]["io"] > 0.01 and b["frames"]["io"][0][0].startswith("save_checkpoint (real_loops.py:")
     assert [p["phase"] for p in rep["phases"]][:2] in (["startup", "training"], ["training", "checkpointing"],
                                                        ["training"])
+
+
+class _WithoutStacks:
+    """A real recording replayed as if py-spy had been refused (no ptrace rights)."""
+
+    @staticmethod
+    def replay(name: str):
+        from gputop.session.replay import ReplaySession
+
+        class Filtered(ReplaySession):
+            def _chunk(self, ref):
+                return [s for s in super()._chunk(ref) if s.kind not in ("stacks", "thread_kernel")
+                        and not (s.kind == "health" and s.key == "stacks")]
+
+        got = []
+        session = Filtered(str(REAL / name), processors=default_processors(), start_playing=False, seek_window_s=0.0)
+        from gputop.session.store import CallbackSubscriber
+
+        session.bus.subscribe(CallbackSubscriber(got.extend))
+        session.play_to(session.t_end)
+        session.stop()
+        return got
+
+
+def test_without_stacks_the_budget_is_the_gpu_and_the_probe_labelled():
+    got = _WithoutStacks.replay("checkpoint_stall-run.gtrec")
+    windows = [s for s in got if s.kind == "budget" and s.key == "window"]
+    assert windows and all(s.get("from") == "gpu" for s in windows)
+    last = windows[-1].data
+    assert set(k for k, v in last["shares"].items() if v) <= {"gpu_busy", "unknown"}   # nothing guessed
+    assert abs(sum(v for v in last["shares"].values() if v is not None) - 1.0) <= 0.02
+    assert last["probe"]["steps_per_s"] > 1 and last["probe"]["gpu_share"] is not None
+    phases = [s.get("phase") for s in got if s.kind == "phase"]
+    assert "training" in phases                                   # from the probe's steps

@@ -68,6 +68,8 @@ class BudgetProcessor:
         self.session_said_t = None
         self.pid = None
         self.gpu_source = None
+        self.probe_phases = False        # phases from the probe's windows (no stacks to read)
+        self.probe_t = float("-inf")
 
     def process(self, store, now: float) -> list[Sample]:
         pid, only = judged_process(store, now)
@@ -78,6 +80,8 @@ class BudgetProcessor:
         gpus = chosen_gpus(store, only)
         out: list[Sample] = []
         changed = self._settle(store, now, pid, gpus)
+        if self.done_t == float("-inf") or self.probe_phases:
+            changed = self._settle_probe(store, now, pid) or changed
         target = store.latest(KIND_TARGET, pid)
         if target is not None and target.get("state") == "exited":
             changed = self.tracker.ended(target.t) or changed
@@ -148,6 +152,23 @@ class BudgetProcessor:
                 p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase
                 self.session.setdefault(p, Budget()).add(m)
             self.done_t = s.t
+        return changed
+
+    def _settle_probe(self, store, now: float, pid: str) -> bool:
+        """Without stacks (no ptrace), the probe's windows give the phases: a window with steps
+        is training; before the first one the job is starting up."""
+        if store.latest(KIND_STACKS, pid) is not None:
+            self.probe_phases = False
+            return False
+        windows = [w for w in store.window(KIND_PROBE_STEP, self.probe_t).get(pid, []) if w.t > self.probe_t]
+        changed = False
+        for w in windows:
+            steps = int(w.get("step_n") or 0)
+            span = float(w.get("window_s") or 1.0)
+            self.probe_phases = True
+            if self.tracker.window(w.t - span, w.t, Counter(), 0, 0.0, steps):
+                changed = True
+            self.probe_t = w.t
         return changed
 
     @staticmethod

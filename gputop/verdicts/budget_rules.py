@@ -77,8 +77,7 @@ def _evidence(sig: Signals, budget: dict, cat: str) -> dict:
 
 
 @verdict(title="Host-bound: the GPU waits for Python/CPU code", severity=SEVERITY_WARNING, order=95,
-         meaning="the GPU is idle >= {HOST_BOUND_SHARE:.0%} of the time while the main thread runs CPU code "
-                 "(named by its frames)")
+         meaning="GPU idle >= {HOST_BOUND_SHARE:.0%} of the time while the loop runs Python/CPU code")
 def host_bound(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{CPU}"), sig.facts.get("budget")
     if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
@@ -113,8 +112,7 @@ def host_bound(sig: Signals) -> Finding | None:
 
 
 @verdict(title="I/O stall: the loop waits for file I/O (checkpoints, logs)", severity=SEVERITY_WARNING,
-         order=65, meaning="the GPU is idle >= {IO_STALL_SHARE:.0%} of the time while the main thread does file "
-                           "I/O: torch.save/load, safetensors, numpy, logging")
+         order=65, meaning="GPU idle >= {IO_STALL_SHARE:.0%} of the time in file I/O (torch.save, safetensors, logs)")
 def io_stall(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{IO}"), sig.facts.get("budget")
     if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
@@ -133,8 +131,7 @@ def io_stall(sig: Signals) -> Finding | None:
 
 
 @verdict(title="Loop blocked: sleeps, locks or network calls keep the GPU waiting", severity=SEVERITY_WARNING,
-         order=67, meaning="the GPU is idle >= {LOOP_BLOCKED_SHARE:.0%} of the time while the main thread is in a "
-                           "blocking call (sleep, lock, queue, socket)")
+         order=67, meaning="GPU idle >= {LOOP_BLOCKED_SHARE:.0%} of the time in blocking calls (sleep, lock, queue, socket)")
 def loop_blocked(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{BLOCKED}"), sig.facts.get("budget")
     if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:

@@ -119,21 +119,21 @@ def join(parts: list[Text]) -> Text:
 
 def shares_line(data: dict, width: int | None = None, tail: list[Text] | None = None) -> Text:
     """"GPU 58% · blocked 35% (push_metrics real_loops.py:280) · CPU 5%", then ``tail``. Too
-    wide for ``width``: the frame loses its file and line, then the smallest shares go (the
-    largest two and the tail stay), then the end is cut."""
+    wide for ``width``: the smallest shares go (down to three), then the frame loses its file
+    and line, then shares go down to two (the tail stays), then the end is cut."""
     tail = tail or []
-    full = share_parts(data)
-    if not full:
-        full = [Text("no time measured yet", style=STYLE_DIM)]
+    full = share_parts(data) or [Text("no time measured yet", style=STYLE_DIM)]
     line = join(full + tail)
     if width is None or line.cell_len <= width:
         return line
-    parts = share_parts(data, "name") or full
-    while True:
-        line = join(parts + tail)
-        if line.cell_len <= width or len(parts) <= 2:
-            break
-        parts = parts[:-1]
+    for parts, keep in ((full, 3), (share_parts(data, "name") or full, 2)):
+        while True:
+            line = join(parts + tail)
+            if line.cell_len <= width or len(parts) <= keep:
+                break
+            parts = parts[:-1]
+        if line.cell_len <= width:
+            return line
     line.truncate(width, overflow="ellipsis")
     return line
 
