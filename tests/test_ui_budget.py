@@ -115,9 +115,9 @@ async def test_time_view_shows_the_window_budget_and_the_periodic_stall():
     assert data["largest"] == "blocked"
     assert "← largest" in next(line for line in table if line.startswith(bd.LABELS["blocked"]))
     st = data["stalls"]
-    assert st["periodic"] and st["frame"] == "push_metrics (real_loops.py:280)"
+    assert st["periodic"] and st["frame"].startswith("push_metrics (real_loops.py:")  # what the loop was built to do
     flat = " ".join(" ".join(table).split())
-    assert f"stops {st['duration_s']:.1f} s every {st['period_s']:.1f} s in push_metrics (real_loops.py:280)" in flat
+    assert f"stops {st['duration_s']:.1f} s every {st['period_s']:.1f} s in {st['frame']}" in flat
     assert f"{pct0(st['share'])} of the window" in flat
     # the blocked time's top frame, with its share of the window and its owner
     frames = block(text, "Top frames")
@@ -143,13 +143,14 @@ async def test_time_view_phase_startup_and_session_budget_training_first():
     # the phase, with the start-up's parts
     lines = block(text, "Phase")
     assert lines[1].startswith(phase["label"])
-    assert lines[2].strip() == phase["startup_text"]
+    assert lines[2].strip() == (phase["startup_text"] or "no start-up seen (attached to a running job)")
     # the session's budget per phase, training first, with its seconds and shares
     rows = block(text, "Whole session")[1:]
     rows = rows[:rows.index(next(r for r in rows if not r.strip()))]  # then the empty rest of the view
-    assert rows[0].startswith("training") and {"training", "start-up"} <= {r.split()[0] for r in rows}
+    assert "training" in sess["phases"] and rows[0].startswith("training")
+    assert len(rows) == len(sess["phases"])
     for row in rows:
-        name = next(p for p in sess["phases"] if row.startswith(ui_budget.phase_words(p)))
+        name = next(p for p in sess["phases"] if row.startswith(ui_budget.phase_words(p)[:10]))  # may be clipped
         d = sess["phases"][name]
         assert f"{d['seconds']:.1f} s" in row
         c, v = ui_budget.ordered_shares(d)[0]
@@ -169,9 +170,12 @@ async def test_overview_line_largest_first_with_the_frame_and_the_phase_in_80_co
     line = lines[1].rstrip()
     assert len(line) <= 80
     shares = sorted(((c, v) for c, v in data["shares"].items() if v is not None and v >= 0.01), key=lambda cv: -cv[1])
-    pos = [line.index(f"{ui_budget.SHORT[c]} {pct0(v)}") for c, v in shares]
-    assert pos == sorted(pos), (line, shares)
-    assert "(push_metrics" in line and line.endswith("phase training")
+    # largest first; at 80 columns the smallest may be left out, never the largest three
+    shown = [f"{ui_budget.SHORT[c]} {pct0(v)}" for c, v in shares]
+    parts = [p.split(" (")[0] for p in line.split(" · ")[:-1]]
+    assert parts == shown[:len(parts)] and len(parts) >= min(3, len(shown)), (line, shown)
+    frame = data["frames"][data["largest"]][0][0]
+    assert f"({ui_budget.frame_short(frame)})" in line and line.endswith("phase training")
     for c, v in data["shares"].items():
         if v is not None and v < 0.01:
             assert f"{ui_budget.SHORT[c]} " not in line.replace("phase training", "")
