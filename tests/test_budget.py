@@ -153,8 +153,11 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
     rec = tmp_path / "ckpt.gtrec"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     job = subprocess.Popen([sys.executable, "-m", "gputop.demo.workload", "--scenario", "checkpoint_stall",
-                            "--duration", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                            "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
     try:
+        # attach once it trains (its first rate line), as a user would to a slow job: on a loaded
+        # 2-core machine importing torch alone can take most of the 14 s
+        assert job.stdout.readline().startswith("rate")
         out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "14",
                               "--record", str(rec), "--json"], capture_output=True, text=True, timeout=120, env=env)
     finally:
@@ -166,8 +169,8 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
     assert b["shares"]["gpu_busy"] is None                    # no GPU counters: not guessed
     assert abs(sum(v for k, v in b["shares"].items() if k in LOST) - 1.0) <= 0.02
     assert b["shares"]["io"] > 0.01 and b["frames"]["io"][0][0].startswith("save_checkpoint (real_loops.py:")
-    assert [p["phase"] for p in rep["phases"]][:2] in (["startup", "training"], ["training", "checkpointing"],
-                                                       ["training"])
+    assert rep["phases"][0]["phase"] in ("training", "checkpointing")   # attached while it trains
+    assert rep["startup"] is None
 
 
 class _WithoutStacks:

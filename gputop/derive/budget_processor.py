@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gputop.catalogue import KIND_BUDGET, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_TARGET
+from gputop.catalogue import (KIND_BUDGET, KIND_HEALTH, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_TARGET,
+                              SOURCE_STACKS)
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
 from gputop.derive.budget import UNKNOWN, Budget, Moment, Naming, budget_of
@@ -80,7 +81,7 @@ class BudgetProcessor:
         gpus = chosen_gpus(store, only)
         out: list[Sample] = []
         changed = self._settle(store, now, pid, gpus)
-        if self.done_t == float("-inf") or self.probe_phases:
+        if self.done_t == float("-inf") and not self._stacks_expected(store):
             changed = self._settle_probe(store, now, pid) or changed
         target = store.latest(KIND_TARGET, pid)
         if target is not None and target.get("state") == "exited":
@@ -154,6 +155,12 @@ class BudgetProcessor:
             self.done_t = s.t
         return changed
 
+    @staticmethod
+    def _stacks_expected(store) -> bool:
+        """The stack source runs (or is starting): its windows, not the probe's, give the phases."""
+        h = store.latest(KIND_HEALTH, SOURCE_STACKS)
+        return h is not None and h.get("state") in ("ok", "degraded")
+
     def _settle_probe(self, store, now: float, pid: str) -> bool:
         """Without stacks (no ptrace), the probe's windows give the phases: a window with steps
         is training; before the first one the job is starting up."""
@@ -166,7 +173,8 @@ class BudgetProcessor:
             steps = int(w.get("step_n") or 0)
             span = float(w.get("window_s") or 1.0)
             self.probe_phases = True
-            if self.tracker.window(w.t - span, w.t, Counter(), 0, 0.0, steps):
+            # a probe window without steps before the first one is start-up
+            if self.tracker.window(w.t - span, w.t, Counter(), 0, 0.0, steps, startup_if_quiet=True):
                 changed = True
             self.probe_t = w.t
         return changed
@@ -195,6 +203,10 @@ class BudgetProcessor:
         data = pool.data_wait_share
         gpu = pool.gpu_share
         host = None
+        if gpu is not None:
+            # CUDA events time the GPU's work of a step, which can run past the step's end into
+            # the next one (queued work): a share over 1 says "the GPU never waited", shown as 1
+            gpu = min(gpu, 1.0)
         if data is not None and gpu is not None:
             host = max(0.0, 1.0 - data - min(gpu, 1.0 - data))
         return {"steps_per_s": _r(pool.steps_per_training_s), "step_ms": _r(pool.step_ms_mean),

@@ -52,11 +52,12 @@ class PhaseTracker:
     quiet: int = 0                       # start-up windows in a row without start-up frames
     changes: list = field(default_factory=list)                # [(t, phase)]
 
-    def window(self, t0: float, t1: float, hints: Counter, n: int, dt: float, probe_steps: int) -> str | None:
+    def window(self, t0: float, t1: float, hints: Counter, n: int, dt: float, probe_steps: int,
+               startup_if_quiet: bool = False) -> str | None:
         """Update with one py-spy window [t0, t1] of ``n`` moments; returns the new phase when
         it changed, else None."""
         train = hints.get(fr.TRAIN, 0) > 0 or probe_steps > 0
-        starting = n > 0 and sum(hints.get(p, 0) for p in fr.STARTUP_PARTS) / n >= STARTUP_SHARE
+        starting = (n > 0 and sum(hints.get(p, 0) for p in fr.STARTUP_PARTS) / n >= STARTUP_SHARE) or startup_if_quiet
         if train:
             new = CHECKPOINTING if n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE else TRAINING
         elif n and hints.get(fr.EVAL, 0) / n >= EVAL_SHARE:

@@ -22,6 +22,7 @@ BRIDGE_S = 1.0          # ... which one stall spans when it is stalled on both s
 MIN_STALL_S = 0.25      # shorter idle stretches are the ordinary gaps between steps
 MIN_REPEATS = 3         # stalls needed before a period is named
 REGULAR_SPREAD = 0.25   # periodic: most intervals within 25% of their median
+CONTINUOUS_SHARE = 0.8  # stalls filling this much of the window are one state, not stalls
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,12 @@ def describe(stalls: list[Stall], span_s: float) -> dict | None:
         return None
     whole = [s.duration_s for s in stalls if not s.clipped]
     durations = whole if len(whole) >= 2 else [s.duration_s for s in stalls]
+    share = min(1.0, sum(durations) / span_s) if span_s > 0 else None
     out = {"count": len(stalls), "duration_s": round(median(durations), 2),
-           "share": round(min(1.0, sum(durations) / span_s), 3) if span_s > 0 else None,
-           "period_s": None, "periodic": False}
+           "share": round(share, 3) if share is not None else None,
+           "period_s": None, "periodic": False,
+           # idle nearly all the window: not intermittent, and no period or length to name
+           "continuous": share is not None and share >= CONTINUOUS_SHARE}
     causes = Counter(s.cause for s in stalls)
     out["cause"] = causes.most_common(1)[0][0]
     frames = Counter(s.frame for s in stalls if s.frame and s.cause == out["cause"])

@@ -58,7 +58,7 @@ def _stall_text(budget: dict, cat: str) -> tuple[str, dict]:
     """("stops 1.5 s every 3.0 s in push_metrics (x.py:9)", evidence) when the budget's stalls are
     this cause's and come back regularly; ("", {}) otherwise."""
     st = budget.get("stalls")
-    if not isinstance(st, dict) or st.get("cause") != cat or not st.get("count"):
+    if not isinstance(st, dict) or st.get("cause") != cat or not st.get("count") or st.get("continuous"):
         return "", {}
     ev = {"stall_s": st.get("duration_s"), "stall_every_s": st.get("period_s") if st.get("periodic") else None,
           "stalls": st.get("count")}
