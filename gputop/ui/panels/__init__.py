@@ -11,7 +11,7 @@ How to add a panel (no edit of the app needed)
 
    Views are listed in ``order`` in the tab line; number keys 1-9 (then 0) follow that order.
    Taken: overview 10, verdicts 15, gpus 20, procs 30, threads 40, stacks 45, steps 50 (probe.py),
-   ranks 55, sources 90 (gputop/ui/README.md lists them with their modules).
+   ranks 55, time 85 (budget.py), sources 90 (gputop/ui/README.md lists them with their modules).
 3. Subclass ``TextPanel`` (text out) or ``Panel`` (your own widgets, e.g. a DataTable) and
    decorate it::
 
