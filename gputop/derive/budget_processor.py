@@ -70,6 +70,7 @@ class BudgetProcessor:
         self.pid = None
         self.gpu_source = None
         self.probe_phases = False        # phases from the probe's windows (no stacks to read)
+        self.reset_phase = False         # say "phase unknown" once after the judged process changed
         self.probe_t = float("-inf")
 
     def process(self, store, now: float) -> list[Sample]:
@@ -77,6 +78,14 @@ class BudgetProcessor:
         if pid is None:
             return []
         if pid != self.pid:
+            if self.pid is not None:
+                # another process is judged now (a launcher's ranks appeared): its phases are
+                # its own, so what the launcher's frames said no longer holds
+                self.tracker = ph.PhaseTracker()
+                self.builder.reset()
+                self.done_t = float("-inf")
+                self.phase_said_t = None
+                self.reset_phase = True
             self.pid = pid
         gpus = chosen_gpus(store, only)
         out: list[Sample] = []
@@ -88,9 +97,10 @@ class BudgetProcessor:
             changed = self.tracker.ended(target.t) or changed
         phase = self.tracker.phase
         if changed or self.phase_said_t is None or now - self.phase_said_t >= PHASE_EVERY_S:
-            if phase is not None:
+            if phase is not None or self.reset_phase:
                 out.append(Sample(now, KIND_PHASE, "main", self.phase_data(now)))
                 self.phase_said_t = now
+                self.reset_phase = False
         since = now - self.window_s
         if phase is not None and self.tracker.since is not None:
             start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
@@ -125,8 +135,7 @@ class BudgetProcessor:
     def _settle(self, store, now: float, pid: str, gpus: list[str]) -> bool:
         """Give every py-spy window that became final to the phase tracker and the session."""
         changed = False
-        windows = [s for s in store.window(KIND_STACKS, self.done_t).get(pid, [])
-                   if s.t > self.done_t and s.get("main") is not False]
+        windows = [s for s in store.window(KIND_STACKS, self.done_t).get(pid, []) if s.t > self.done_t]
         if not windows:
             return False
         kernel_newest = store.latest("thread_kernel", pid)

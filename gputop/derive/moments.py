@@ -108,7 +108,8 @@ class MomentBuilder:
 
     def moments(self, store, pid: str, since: float, now: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
         """The moments since ``since``, oldest first, and the GPU source that judged them."""
-        stacks = [s for s in store.window(KIND_STACKS, since).get(pid, []) if s.get("main") is not False]
+        # (a rank's windows come from py-spy's --subprocesses runs: not "main", still its own)
+        stacks = store.window(KIND_STACKS, since).get(pid, [])
         busy = GpuBusy(store, since - 2.0, gpus)
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
         out: list[Moment] = []
