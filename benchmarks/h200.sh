@@ -198,10 +198,10 @@ phase_real() {
   done
   for s in ${REAL_RUN:-hf_trainer lightning checkpoint_stall}; do
     local secs=35; [ "$s" = hf_trainer ] && secs=50
-    rm -f /tmp/gputop-run-*.log
-    $PY -m gputop run --headless --duration $secs --record "$d/$s-run.gtrec" --json -- \
+    # (headless --json: the job's own output comes out on stderr, beside gputop's "gputop:" lines)
+    $PY -m gputop run --headless --stop-with-gputop --duration $secs --record "$d/$s-run.gtrec" --json -- \
         $PY -m gputop.demo.workload --scenario $s --report-every 0.5 > "$d/$s-run.json" 2> "$d/$s-run.gputop.err"
-    cat /tmp/gputop-run-*.log > "$d/$s-run.rates" 2>/dev/null
+    grep -v '^gputop' "$d/$s-run.gputop.err" > "$d/$s-run.rates"
     note "real $s (run): $(real_line "$d/$s-run.json")"
   done
   # the newcomer's first command on a GPU box

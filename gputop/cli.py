@@ -7,32 +7,102 @@ do) and a non-zero exit code: 2 for a bad command line, 1 for anything else.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import gputop
 
 EPILOG = """\
 examples:
-  gputop --pid 1234                          watch a running training process
-  gputop --pid 1234 --record run.gtrec       ... and record the session to a file
-  gputop --pid 1234 --headless --duration 60 no UI: sample 60 s, record, print a triage report
-  gputop run -- python train.py --lr 3e-4    start a script with the in-process probe, and watch it
-  gputop replay run.gtrec                    replay a recording in the same UI
-  gputop report run.gtrec [--json]           summarise a recording
-  gputop demo                                a bundled workload, watched live
+  gputop --pid 1234                   watch a running training process
+  gputop --pid 1234 --record r.gtrec  ... and record the session to r.gtrec
+  gputop --pid 1234 --headless --duration 60
+                                      no UI: sample 60 s, record, print a report
+  gputop run -- python train.py       start a script with the probe, watch it
+  gputop replay r.gtrec               replay a recording in the same UI
+  gputop report r.gtrec [--json]      summarise a recording
+  gputop demo                         a bundled workload, watched live
+  gputop COMMAND --help               more on one command, with examples
 
-keys in the UI: ? help · q quit · space pause (replay) · ←/→ seek 10 s · pgup/pgdn 1 min
+keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
+
+--headless without --record records into
+  {state}/recordings/
+(the newest 20, at most 1 GiB in all, are kept).
+
+exit status: 0 done, 1 failed at run time (no such process, unreadable
+file, ...), 2 bad command line (one line says what), 130 interrupted.
+"""
+
+RUN_EPILOG = """\
+COMMAND is the program to start, with its arguments, after `--`.
+
+the job's output:
+  --headless: the job's stdout and stderr pass through unchanged (with --json
+  its stdout goes to stderr, so stdout holds the report alone).
+  UI: they go to a log, whose path gputop prints when it ends:
+    {state}/logs/run-PID-DATE.log
+  (the last 10 logs are kept).
+
+the job's life:
+  The job does not depend on gputop: when gputop ends (q, the end of
+  --duration, a signal, even kill -9) the job goes on (gputop says so, with
+  its PID). With --stop-with-gputop, gputop's end stops the job and all it
+  started (SIGTERM, then SIGKILL after 5 s). Ctrl-C: in the UI it quits
+  gputop only; with --headless it reaches gputop (which writes its report)
+  and the job alike, as it would reach the job started without gputop; so
+  does the hang-up of a closing SSH session. In the UI the job's stdin is
+  /dev/null and a closing terminal does not reach it.
+
+examples:
+  gputop run -- python train.py --lr 3e-4
+  gputop run -- torchrun --nproc-per-node 8 train.py
+  gputop run --headless --duration 120 --json -- python train.py > report.json
+  gputop run --stop-with-gputop --record r.gtrec -- python train.py
+
+exit status: 0 done, 1 failed at run time (e.g. COMMAND cannot start),
+2 bad command line.
+"""
+
+DEMO_EPILOG = """\
+The workload is gputop's own and always stops with gputop. Its output
+passes through with --headless; with the UI it goes to a log:
+  {state}/logs/demo-PID-DATE.log
+
+examples:
+  gputop demo                             the default workload, in the UI
+  gputop demo --list                      the scenarios
+  gputop demo --scenario python --headless --duration 10
+"""
+
+REPLAY_EPILOG = """\
+examples:
+  gputop replay r.gtrec
+  gputop replay r.gtrec --speed 4 --paused
+  gputop replay "$(ls -t {state}/recordings/*.gtrec | head -1)"
+                                    the newest recording made by --headless
+
+keys: space play/pause, left/right seek 10 s, [ ] seek 1 min, q quit
+"""
+
+REPORT_EPILOG = """\
+examples:
+  gputop report r.gtrec
+  gputop report r.gtrec --json > report.json
+  gputop report "$(ls -t {state}/recordings/*.gtrec | head -1)"
+                                    the newest recording made by --headless
+
+exit status: 0 done, 1 the file cannot be read, 2 bad command line.
 """
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 10.0
+RECORDINGS_KEPT, RECORDINGS_MAX_BYTES = 20, 1 << 30
+LOGS_KEPT = 10
 
 
 class UsageError(Exception):
@@ -43,17 +113,32 @@ class CliError(Exception):
     """Anything else the user must fix: exit code 1."""
 
 
+def _pid_arg(text: str) -> int:
+    """--pid: a positive process id; anything else is a bad command line (exit 2)."""
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a process id (1, 2, ...), not {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive process id, not {pid}")
+    return pid
+
+
 def _add_attach_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("watching a process")
     g.add_argument("--gpu", type=int, action="append", metavar="N",
-                   help="watch GPU N (repeatable); default: the GPUs the process uses (all until it uses one)")
+                   help="watch GPU N (repeatable); default: the GPUs the process uses "
+                        "(all until it uses one)")
     g.add_argument("--interval", type=float, default=0.1, metavar="S",
-                   help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} (default 0.1); "
-                        "host sampling runs at max(0.5, S)")
-    g.add_argument("--record", metavar="FILE", help="record the session to FILE (a .gtrec file)")
+                   help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} "
+                        "(default 0.1); host sampling runs at max(0.5, S)")
+    g.add_argument("--record", metavar="FILE",
+                   help="record the session to FILE, a new .gtrec file (created 0600)")
     g.add_argument("--headless", action="store_true",
-                   help="no UI: sample for --duration seconds, record, then print the report")
-    g.add_argument("--duration", type=float, metavar="S", help="with --headless: how long to sample (seconds)")
+                   help="no UI: sample for --duration seconds, record (to --record FILE, else "
+                        "into the state directory: see gputop --help), print the report")
+    g.add_argument("--duration", type=float, metavar="S",
+                   help="with --headless: how long to sample (seconds)")
     g.add_argument("--json", action="store_true", help="with --headless: print the report as JSON")
     g.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
     g.add_argument("--prometheus", metavar="[HOST:]PORT",
@@ -69,40 +154,60 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"gputop: error: {message} (see {self.prog} --help)\n")
 
 
+def _state_for_help() -> str:
+    from gputop.sources.files import state_base
+
+    home = os.path.expanduser("~")
+    base = state_base()
+    return "~" + base[len(home):] if home not in ("", "/") and base.startswith(home + os.sep) else base
+
+
 def build_parser() -> argparse.ArgumentParser:
+    state = _state_for_help()
+    raw = argparse.RawDescriptionHelpFormatter
     p = _Parser(
         prog="gputop",
-        description="Why is my training job slow? Live GPU counters, Python stacks and step timings, "
-                    "fused into bottleneck verdicts.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description="Why is my training job slow? Live GPU counters, Python stacks and step\n"
+                    "timings, fused into bottleneck verdicts.",
+        epilog=EPILOG.format(state=state), formatter_class=raw)
     p.add_argument("--version", action="version", version=f"gputop {gputop.__version__}")
-    p.add_argument("--pid", type=int, metavar="PID", help="the process to watch (a training script or launcher)")
+    p.add_argument("--pid", type=_pid_arg, metavar="PID",
+                   help="the process to watch (a training script or launcher)")
     _add_attach_options(p)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND",
+                           help="replay, report, demo or run (gputop COMMAND --help)")
 
-    r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.")
-    r.add_argument("file", metavar="FILE")
+    r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.",
+                       epilog=REPLAY_EPILOG.format(state=state), formatter_class=raw)
+    r.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
     r.add_argument("--speed", type=float, default=1.0, help="playback speed, 0.25-16 (default 1)")
     r.add_argument("--paused", action="store_true", help="start paused at the beginning")
 
-    rep = sub.add_parser("report", help="summarise a recording", description="Summarise a recording.")
-    rep.add_argument("file", metavar="FILE")
+    rep = sub.add_parser("report", help="summarise a recording", description="Summarise a recording.",
+                         epilog=REPORT_EPILOG.format(state=state), formatter_class=raw)
+    rep.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
     rep.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
 
     d = sub.add_parser("demo", help="run a bundled workload and watch it",
-                       description="Start a bundled training workload as a child process and watch it.")
+                       description="Start a bundled training workload as a child process and watch it.",
+                       epilog=DEMO_EPILOG.format(state=state), formatter_class=raw)
     d.add_argument("--scenario", default="default", help="which workload (see --list)")
     d.add_argument("--list", action="store_true", help="list the scenarios and exit")
     _add_attach_options(d)
+    d.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
 
     run = sub.add_parser("run", help="start a command with the in-process probe and watch it",
                          description="Start COMMAND with gputop's in-process probe loaded, and watch it.",
-                         usage="gputop run [options] -- COMMAND [ARGS...]")
+                         usage="gputop run [options] -- COMMAND [ARGS...]",
+                         epilog=RUN_EPILOG.format(state=state), formatter_class=raw)
     _add_attach_options(run)
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND")
+    run.add_argument("--stop-with-gputop", action="store_true",
+                     help="stop the job (and all it started) when gputop ends; by default "
+                          "it goes on")
+    run.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                     help="the program to start and its arguments, after --")
     return p
-
-
 
 
 def _check_attach_args(a: argparse.Namespace) -> None:
@@ -188,8 +293,16 @@ def _processors() -> list:
 
 
 def _default_record_path(pid: int) -> str:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"gputop-{pid}-{stamp}.gtrec"
+    """Headless without --record: a new file in the per-user state directory, never the working
+    directory (which may be read-only, or a checkout); older ones beyond the retention go."""
+    from gputop.sources.files import FilesError, owned_name, prune, state_dir
+
+    try:
+        directory = state_dir("recordings")
+    except FilesError as e:
+        raise CliError(f"cannot record: {e}; or give --record FILE") from None
+    prune(directory, ".gtrec", RECORDINGS_KEPT - 1, RECORDINGS_MAX_BYTES)
+    return os.path.join(directory, owned_name("gputop", ".gtrec", pid=pid))
 
 
 def _start_exporter(a: argparse.Namespace):
@@ -215,14 +328,18 @@ def attach(pid: int, a: argparse.Namespace, argv: list[str], child: subprocess.P
             exporter.stop()
 
 
+def _need_terminal(a) -> None:
+    if not a.headless and not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise CliError("no terminal here (stdin/stdout is not a TTY): run with --headless --duration S")
+
+
 def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -> int:
     from gputop.sources.target import TargetError
 
     record_path = a.record
     if a.headless and not record_path:
         record_path = _default_record_path(pid)
-    if not a.headless and not (sys.stdout.isatty() and sys.stdin.isatty()):
-        raise CliError("no terminal here (stdin/stdout is not a TTY): run with --headless --duration S")
+    _need_terminal(a)
     try:
         session, target = _build_live_session(pid, a, argv, record_path)
     except TargetError as e:
@@ -265,7 +382,8 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
     def on_signal(signum, frame):
         stop["why"] = signal.Signals(signum).name
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP: a closed SSH session ends the session as cleanly as a kill does (end frame, report).
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     print(f"gputop: watching PID {target.pid} ({target.command[:80]}) for {a.duration:g} s, "
           f"recording to {record_path}", file=sys.stderr, flush=True)
     deadline = time.monotonic() + a.duration
@@ -285,6 +403,7 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
         session.stop({"stopped_by": stop["why"] or ("target exited" if exited_at else "duration")})
     if session.recording_error:
         print(f"gputop: {session.recording_error}", file=sys.stderr)
+    print(f"gputop: recorded to {record_path}", file=sys.stderr, flush=True)
     report = build_report(record_path)
     if a.json:
         print(json.dumps(report, indent=2))
@@ -333,29 +452,18 @@ def cmd_report(a) -> int:
     return 0
 
 
-def _start_child(argv: list[str], log_path: str, with_probe: bool) -> subprocess.Popen:
-    from gputop.session.launch import LaunchError, launch_with_probe
-    from gputop.sources.target import dies_with_parent
+def _start_child(argv: list[str], log_fd: int | None, a, stop_with: bool) -> subprocess.Popen:
+    from gputop.session.launch import LaunchError, start_job
 
-    env = dict(os.environ)
-    # The child dies with gputop, even when gputop is killed with SIGKILL (Linux); it leads a
-    # process group of its own so that stopping it reaches its children too (_stop_child).
-    preexec = dies_with_parent(signal.SIGTERM)
-    log = open(log_path, "ab")
     try:
-        if with_probe:
-            return launch_with_probe(argv, env=env, stdout=log, stderr=log, preexec_fn=preexec,
-                                     start_new_session=True)
-        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                preexec_fn=preexec, start_new_session=True)
+        return start_job(argv, with_probe=True, log_fd=log_fd, stdout_to_stderr=a.headless and a.json,
+                         stop_with_parent=stop_with)
     except FileNotFoundError:
         raise CliError(f"cannot start {argv[0]!r}: no such program") from None
     except PermissionError:
         raise CliError(f"cannot start {argv[0]!r}: permission denied") from None
     except (LaunchError, OSError) as e:
         raise CliError(f"cannot start {argv[0]!r}: {getattr(e, 'strerror', None) or e}") from None
-    finally:
-        log.close()
 
 
 def _last_line(path: str) -> str:
@@ -367,40 +475,63 @@ def _last_line(path: str) -> str:
         return ""
 
 
-def _stop_child(child: subprocess.Popen) -> None:
-    """Stop the command gputop started, and everything it started (torchrun's workers, a
-    shell script's children): SIGTERM to its process group, SIGKILL after 5 s."""
-    def signal_group(sig):
-        try:
-            os.killpg(child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _open_log(what: str) -> tuple[str, int]:
+    """The UI's log of the job's output: a new 0600 file in the per-user state directory (the
+    oldest beyond LOGS_KEPT removed); its path and descriptor."""
+    from gputop.sources.files import FilesError, create_file, owned_name, prune, state_dir
 
-    signal_group(signal.SIGTERM)
     try:
-        child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        signal_group(signal.SIGKILL)
-        child.wait()
-    signal_group(signal.SIGKILL)  # stragglers of the group that ignored SIGTERM
+        directory = state_dir("logs")
+        prune(directory, ".log", LOGS_KEPT - 1)
+        path = os.path.join(directory, owned_name(what, ".log"))
+        return path, create_file(path)
+    except FilesError as e:
+        raise CliError(f"no log for the {what} command's output: {e}") from None
 
 
-def _watch_child(argv: list[str], a, parent_argv: list[str], with_probe: bool, what: str) -> int:
+def _probe_dir_of_job() -> str:
+    from gputop.probe import wire
+
+    return wire.probe_dir(dict(os.environ))
+
+
+def _watch_child(argv: list[str], a, parent_argv: list[str], what: str, stop_with: bool) -> int:
+    from gputop.session.launch import stop_job
+    from gputop.sources.files import remove_dead_probe_sockets
+
     _check_attach_args(a)
-    log_path = os.path.join(tempfile.gettempdir(), f"gputop-{what}-{os.getpid()}.log")
-    child = _start_child(argv, log_path, with_probe)
+    _need_terminal(a)  # before the job starts: a job started for nothing would run on
+    log_path, log_fd = (None, None) if a.headless else _open_log(what)
+    try:
+        child = _start_child(argv, log_fd, a, stop_with)
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+    where = f"; its output is in {log_path}" if log_path else ""
     try:
         time.sleep(0.3)
         if child.poll() is not None:
-            raise CliError(f"the {what} command exited at once (code {child.returncode}){_last_line(log_path)}; "
-                           f"its output is in {log_path}")
-        return attach(child.pid, a, parent_argv, child=child)
+            last = _last_line(log_path) if log_path else ""
+            raise CliError(f"the {what} command exited at once (code {child.returncode}){last}{where}")
+        try:
+            return attach(child.pid, a, parent_argv, child=child)
+        except CliError:
+            stop_job(child)  # gputop could not watch it (a port in use, ...): it was started for that
+            raise
     finally:
-        _stop_child(child)
+        if stop_with:
+            stop_job(child)
+        if child.poll() is None:
+            print(f"gputop: the {what} command (PID {child.pid}) goes on running{where}; "
+                  f"stop it with: kill {child.pid}", file=sys.stderr)
+        else:
+            print(f"gputop: the {what} command ended (exit code {child.returncode}){where}", file=sys.stderr)
+            # A job stopped by a signal skips its probe's atexit: its socket would stay behind.
+            remove_dead_probe_sockets(_probe_dir_of_job())
 
 
 def _no_pid(a, command: str) -> None:
-    if a.pid is not None:
+    if a.pid is not None or a.sub_pid is not None:
         raise UsageError(f"--pid does not go with `gputop {command}`: it starts the process it watches")
 
 
@@ -438,7 +569,7 @@ def cmd_demo(a, parent_argv) -> int:
         raise CliError(f"scenario {a.scenario} needs an NVIDIA GPU and this machine has none: "
                        f"try one of {cpu_ok}")
     argv = [sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario]
-    return _watch_child(argv, a, parent_argv, with_probe=True, what="demo")
+    return _watch_child(argv, a, parent_argv, what="demo", stop_with=True)
 
 
 def _nvidia_gpu_count() -> int:
@@ -461,7 +592,7 @@ def cmd_run(a, parent_argv) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("gputop run needs a command after --, for example: gputop run -- python train.py")
-    return _watch_child(cmd, a, parent_argv, with_probe=True, what="run")
+    return _watch_child(cmd, a, parent_argv, what="run", stop_with=a.stop_with_gputop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import struct
 import subprocess
 import sys
@@ -14,6 +15,15 @@ import pytest
 
 import gputop
 from gputop.session.recording import FORMAT_MAJOR, MAGIC
+
+
+@pytest.fixture(autouse=True)
+def private_dirs(tmp_path, monkeypatch):
+    """What gputop creates for itself (recordings, logs, py-spy windows) goes into tmp_path."""
+    for d in ("state", "run"):
+        (tmp_path / d).mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
 
 
 def gputop_cmd(*args, timeout=60, **kw):
@@ -109,7 +119,8 @@ def test_headless_run_end_to_end_names_the_bottleneck(tmp_path):
     rec = tmp_path / "run.gtrec"
     job = [sys.executable, str(pathlib.Path(__file__).parent / "workloads" / "probe_train.py"), "--steps", "100000",
            "--workers", "1", "--sample-ms", "20", "--batch-size", "4", "--persistent", "--out", str(tmp_path / "own.json")]
-    r = gputop_cmd("run", "--headless", "--duration", "20", "--record", str(rec), "--json", "--", *job,
+    r = gputop_cmd("run", "--headless", "--duration", "20", "--stop-with-gputop", "--record", str(rec), "--json",
+                   "--", *job,
                    timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
@@ -163,9 +174,11 @@ def test_demo_scenario_that_needs_torch_without_it():
 
 
 def test_run_stops_the_whole_command_it_started(tmp_path):
-    """A shell script's children (or torchrun's workers) are stopped with it, not left behind."""
+    """--stop-with-gputop: a shell script's children (or torchrun's workers) are stopped with
+    it, not left behind."""
     marker = f"sleep {4000 + os.getpid() % 1000}"
-    r = gputop_cmd("run", "--headless", "--duration", "2", "--record", str(tmp_path / "r.gtrec"), "--",
+    r = gputop_cmd("run", "--headless", "--duration", "2", "--stop-with-gputop", "--record", str(tmp_path / "r.gtrec"),
+                   "--",
                    "sh", "-c", f"{marker} & wait", timeout=120)
     assert r.returncode == 0, r.stderr
     time.sleep(0.5)
@@ -189,3 +202,38 @@ def test_argparse_errors_are_one_line_too(args):
 
 def test_pid_does_not_go_with_run():
     assert_one_line_error(gputop_cmd("--pid", "1", "run", "--headless", "--duration", "1", "--", "true"), 2, "--pid")
+
+
+@pytest.mark.parametrize("args", [["run", "--pid", "5", "--", "python3", "x.py"], ["demo", "--pid", "5"]])
+def test_pid_after_run_or_demo_says_why_not(args):
+    """Issue 12 item 8: not "unrecognized arguments", and nothing is started."""
+    assert_one_line_error(gputop_cmd(*args), 2, "--pid does not go with `gputop " + args[0])
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "abc", "1.5"])
+def test_a_bad_pid_is_a_bad_command_line(value):
+    r = gputop_cmd("--pid", value, "--headless", "--duration", "1")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--pid" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["", "run", "demo", "replay", "report"])
+def test_every_help_has_examples_and_fits_80_columns(command):
+    """Issue 12 item 9 (and where recordings go, exit codes: items 3 and 8)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_STATE_HOME", "COLUMNS")}
+    r = gputop_cmd(*([command] if command else []), "--help", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "examples:" in r.stdout
+    wide = [ln for ln in r.stdout.splitlines() if len(ln) > 80]
+    assert wide == [], wide
+    if command in ("replay", "report"):
+        assert re.search(r"^  FILE +a recording", r.stdout, re.M), r.stdout
+    if command == "run":
+        assert re.search(r"^  COMMAND +the program to start", r.stdout, re.M), r.stdout
+        for promise in ("pass through unchanged", "~/.local/state/gputop/logs/", "--stop-with-gputop",
+                        "Ctrl-C", "kill -9"):
+            assert promise in r.stdout, promise
+    if command in ("", "run", "report"):
+        assert "exit status:" in r.stdout and "2 bad command line" in r.stdout
+    if command == "":
+        assert "~/.local/state/gputop/recordings/" in r.stdout

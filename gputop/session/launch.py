@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from typing import Mapping
 
@@ -76,3 +77,58 @@ def launch_with_probe(argv: list[str], env: Mapping[str, str] | None = None, **p
         raise CommandNotExecutable(f"cannot execute {exe}: permission denied") from None
     except OSError as e:
         raise LaunchError(f"cannot start {exe}: {e.strerror or e}") from None
+
+
+def start_job(argv: list[str], *, with_probe: bool, log_fd: int | None, stdout_to_stderr: bool,
+              stop_with_parent: bool) -> subprocess.Popen:
+    """Start the command of ``gputop run`` / ``gputop demo`` (``run --help`` promises this):
+
+    - ``log_fd`` (the UI owns the terminal): stdin is /dev/null, stdout and stderr go to the log,
+      and the job has a session of its own, so a closing terminal does not reach it.
+    - no ``log_fd`` (headless): stdin, stdout and stderr are gputop's, unchanged (stdout goes to
+      stderr with ``stdout_to_stderr``, so --json's stdout is the report alone), and the job stays
+      in gputop's process group: the terminal's Ctrl-C and hang-up reach it as they would reach it
+      started directly.
+    - ``stop_with_parent``: the job leads a process group of its own (so ``stop_job`` reaches its
+      children) and gets SIGTERM when gputop dies, even of SIGKILL (Linux). Without it the job's
+      life does not depend on gputop's.
+
+    Raises LaunchError (and its FileNotFoundError/PermissionError kinds) or OSError."""
+    from gputop.sources.target import dies_with_parent
+
+    kw: dict = {}
+    if log_fd is not None:
+        kw.update(stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True)
+    elif stdout_to_stderr:
+        kw.update(stdout=2)
+    if stop_with_parent:
+        kw.update(preexec_fn=dies_with_parent(signal.SIGTERM), start_new_session=True)
+    if with_probe:
+        return launch_with_probe(argv, **kw)
+    return subprocess.Popen(argv, **kw)
+
+
+def stop_job(child: subprocess.Popen) -> None:
+    """Stop a job: one started with ``stop_with_parent`` with everything it started (torchrun's
+    workers, a shell script's children: its process group), SIGTERM then SIGKILL after 5 s."""
+    try:
+        leads_group = os.getpgid(child.pid) == child.pid
+    except ProcessLookupError:
+        leads_group = False  # already reaped
+
+    def signal_group(sig):
+        try:
+            if leads_group:
+                os.killpg(child.pid, sig)
+            elif child.poll() is None:
+                child.send_signal(sig)  # it shares gputop's group: only the job itself
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    signal_group(signal.SIGTERM)
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        signal_group(signal.SIGKILL)
+        child.wait()
+    signal_group(signal.SIGKILL)  # stragglers of the group that ignored SIGTERM

@@ -148,7 +148,7 @@ class RecordingWriter:
         self.path = path
         try:
             # "x": never overwrite somebody's recording.
-            self._f = open(path, "xb")
+            self._f = open(path, "xb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW, 0o600))
         except FileExistsError:
             raise RecordingError(f"{path} already exists: choose another --record file or remove it") from None
         except OSError as e:

@@ -29,11 +29,11 @@ import random
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
+from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
                                         WAIT_CLASSES, KernelSampler, SyscallTable, classify_syscall)
@@ -244,9 +244,13 @@ class StackSource(ThreadedSource):
             self.pyspy_message = (f"process {self.target.pid} is not a Python program "
                                   f"({os.path.basename(info.exe) or '?'}): no Python stacks")
             return
+        try:  # py-spy's windows go to a private directory (those of a killed gputop are removed)
+            self._tmpdir = private_tempdir("stacks")
+        except (FilesError, OSError) as e:
+            self.pyspy_state, self.pyspy_message = "failed", f"no directory for py-spy's windows: {e}"
+            return
         self.pyspy_ok = True
         self.pyspy_state, self.pyspy_message = "ok", "starting py-spy"
-        self._tmpdir = tempfile.mkdtemp(prefix="gputop-stacks-")
 
     def _pyspy_step(self) -> None:
         if not self.pyspy_ok:
