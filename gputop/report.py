@@ -19,7 +19,7 @@ from typing import Callable
 from gputop.derive.stats import is_number, summarize
 from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
                           KIND_TARGET, MetricSpec, Sample)
-from gputop.session.recording import RecordingReader
+from gputop.session.recording import RecordingReader, damage_line
 from gputop.sources import metric_specs
 
 REPORT_VERSION = 1
@@ -164,6 +164,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
                     for i, t in enumerate(ts):
                         section_samples.append(Sample(float(t), kind, key, {n: cols[n][i] for n in names}))
         truncated, clean_end = index.truncated, index.end is not None
+        damaged, damage = [d.as_dict() for d in index.damaged], damage_line(index)
 
     duration = (t_last - t_first) if n_samples else 0.0
     start_wall = meta.get("start_wall")
@@ -181,6 +182,8 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "samples": n_samples,
             "clean_end": clean_end,
             "truncated": truncated,
+            "damaged": damaged,   # parts skipped: byte offset, length, what, why, time span
+            "damage": damage,     # the same in one line, or None
             "rates": {name: (src or {}).get("rates") for name, src in (meta.get("sources") or {}).items()
                       if isinstance(src, dict) and src.get("rates")},
         },
@@ -319,6 +322,8 @@ def render_text(report: dict) -> str:
     if s.get("truncated") or not s.get("clean_end"):
         lines.append("  note     the recording did not end cleanly (gputop was killed, or it is still "
                      "being written): it covers up to its last complete second")
+    if s.get("damage"):
+        lines.append(f"  damaged  {s['damage']}")
     for name, h in report.get("sources", {}).items():
         if h["state"] != "ok":
             lines.append(f"  source   {name}: {h['state']} — {h['message']}")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gputop.model import Sample
 from gputop.session.recording import (
-    FORMAT_MAJOR, MAGIC, RecordingError, RecordingReader, RecordingWriter,
+    FORMAT_MAJOR, MAGIC, RecordingError, RecordingReader, RecordingWriter, damage_line,
 )
 
 
@@ -103,19 +103,26 @@ def test_missing_file(tmp_path):
         RecordingReader(str(tmp_path / "nope.gtrec"))
 
 
-def test_flipped_byte_in_chunk_is_caught_by_checksum(tmp_path):
+def test_a_flipped_byte_in_a_chunk_loses_that_chunk_only_and_says_where(tmp_path):
     path = str(tmp_path / "r.gtrec")
     w = RecordingWriter(path, {"a": 1})
     w.write_samples(_samples(50))
     w.write_samples(_samples(50, t0=6.0))  # the damaged chunk is not the last one
+    w.write_samples(_samples(50, t0=12.0))
     w.close()
     data = bytearray(open(path, "rb").read())
     with RecordingReader(path) as r:
-        ref = r.index.chunks[0]
+        ref = r.index.chunks[1]
     data[ref.offset + 28 + ref.length // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
-    with pytest.raises(RecordingError, match="checksum"):
-        RecordingReader(path).all_samples()
+    with RecordingReader(path) as r:
+        got = r.all_samples()
+        (d,) = r.index.damaged
+        assert (d.offset, d.length, d.what, d.reason) == (ref.offset, 28 + ref.length, "chunk", "fails its checksum")
+        assert d.t0 == pytest.approx(4.9) and d.t1 == pytest.approx(12.0)  # between the good neighbours
+        assert damage_line(r.index) == f"1 chunk damaged at byte {ref.offset} (0:04-0:12): skipped"
+        assert not r.index.truncated and r.index.end == {}
+    assert len(got) == 2 * 60 and not any(6.0 <= s.t < 11.0 for s in got)
 
 
 def test_survives_kill_9_of_the_writer(tmp_path):
@@ -242,7 +249,7 @@ def test_a_damaged_last_chunk_is_dropped_and_the_rest_kept(tmp_path):
         assert len(r.all_samples()) == 24
 
 
-def test_damage_with_good_frames_after_it_is_corruption(tmp_path):
+def test_damage_with_good_frames_after_it_is_skipped_and_listed(tmp_path):
     path = tmp_path / "r.gtrec"
     w = RecordingWriter(str(path), {"a": 1})
     w.write_samples(_samples(20))
@@ -253,5 +260,69 @@ def test_damage_with_good_frames_after_it_is_corruption(tmp_path):
         first = r.index.chunks[0]
     data[first.offset] = ord("X")  # the first chunk's marker
     path.write_bytes(bytes(data))
-    with pytest.raises(RecordingError, match="corrupted"):
-        RecordingReader(str(path))
+    with RecordingReader(str(path)) as r:
+        assert [c.t0 for c in r.index.chunks] == [2.0]
+        assert [(d.offset, d.reason) for d in r.index.damaged] == [(first.offset, "has no frame marker")]
+        assert len(r.all_samples()) == 24 and r.meta == {"a": 1}
+
+
+# -- any one flipped or deleted byte loses at most the frame it is in ------------------------------
+
+def _three_chunk_file(tmp_path) -> tuple[bytes, list[tuple[int, int, str, set]]]:
+    """A valid file and its frames: (start, end, type, the samples' identities)."""
+    path = tmp_path / "three.gtrec"
+    if not path.exists():
+        w = RecordingWriter(str(path), {"gputop_version": "x", "target": {"pid": 7}})
+        for k in range(3):
+            w.write_samples([Sample(k * 2.0 + i * 0.1, "gpu", "0", {"i": k * 100 + i}) for i in range(12)])
+        w.close({"clean": True})
+    data = path.read_bytes()
+    frames, pos = [], 16
+    while pos < len(data):
+        _, ftype, _, length, *_ = struct.unpack_from("<2sccIIdd", data, pos)
+        frames.append((pos, pos + 28 + length, ftype.decode(), set()))
+        pos += 28 + length
+    chunks = [f for f in frames if f[2] == "C"]
+    for k, f in enumerate(chunks):
+        f[3].update(k * 100 + i for i in range(12))
+    return data, frames
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_one_damaged_byte_loses_at_most_its_own_frame(tmp_path, data):
+    blob, frames = _three_chunk_file(tmp_path)
+    everything = set().union(*(f[3] for f in frames))
+    i = data.draw(st.integers(0, len(blob) - 1), label="byte")
+    mutated = bytearray(blob)
+    if data.draw(st.booleans(), label="delete"):
+        del mutated[i]
+    else:
+        mutated[i] ^= data.draw(st.integers(1, 255), label="xor")
+    path = tmp_path / "one.gtrec"
+    path.write_bytes(bytes(mutated))
+    if i < 16:  # the file header: a damaged magic is tolerated; a damaged version refuses the file
+        try:
+            r = RecordingReader(str(path))
+        except RecordingError as e:
+            assert "\n" not in str(e) and ("newer than this gputop" in str(e) or "not a gputop recording" in str(e))
+            return
+    else:
+        r = RecordingReader(str(path))
+    with r:
+        got = [s.data["i"] for s in r.all_samples()]
+        frame = next(f for f in frames if f[0] <= i < f[1]) if i >= 16 else None
+        assert len(got) == len(set(got)) and set(got) <= everything
+        lost = everything - set(got)
+        assert lost <= (frame[3] if frame else set())
+        if frame is not None and frame[2] == "M":
+            assert r.meta in ({}, {"gputop_version": "x", "target": {"pid": 7}})
+            if not r.meta:  # the metadata is what was lost, and the index says so
+                assert r.index.damaged and damage_line(r.index).endswith("target, host and sources unknown")
+        else:
+            assert r.meta == {"gputop_version": "x", "target": {"pid": 7}}
+        if lost:
+            assert r.index.damaged or r.index.truncated
+            assert damage_line(r.index) or frame[2] == "C" and frame is frames[-2]
+        if frame is not None and frame[2] == "E":
+            assert r.index.end in (None, {"clean": True})

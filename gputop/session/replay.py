@@ -4,20 +4,28 @@ The replay clock moves only when ``tick`` is called (the UI's timer, or a test),
 deterministic: the same calls give the same store. Processors (verdicts...) run again on the
 raw samples, so better rules improve old recordings; what the recording itself holds of their
 kinds is kept under ``<kind>@recorded``.
+
+Replay moves by the samples' own times: a stretch of more than ``GAP_S`` without samples (a
+paused source, a damaged part, a file whose times jump by years) is jumped over, so what a
+replay costs follows what the file holds, never what its headers claim. A damaged part of the
+file is a gap too, and ``notice`` says so in one line.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections import OrderedDict
 
 from gputop.model import Sample
-from gputop.session.recording import ChunkRef, RecordingReader
+from gputop.session.recording import CHUNK_SLACK_S, ChunkRef, RecordingError, RecordingReader, damage_line
 from gputop.session.session import Processor, run_processor
 from gputop.session.store import Bus, SampleStore
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 RECORDED_SUFFIX = "@recorded"
+GAP_S = 60.0   # no sample for this long: processors have seen the silence; resume at the next sample
 
 
 class ReplaySession:
@@ -37,6 +45,8 @@ class ReplaySession:
         self._last_tick: float | None = None
         self._cache: OrderedDict[int, list[Sample]] = OrderedDict()
         self._fed_to = float("-inf")
+        self._last_sample_t = float("-inf")   # of the samples published so far
+        self._error: str | None = None        # a per-file bound hit while playing: playback stops there
         self._due: dict[str, float] = {}
         self.speed = 1.0
         self.playing = start_playing
@@ -64,6 +74,16 @@ class ReplaySession:
     def now(self) -> float:
         return self.position
 
+    @property
+    def damaged(self) -> list:
+        """The parts of the file the reader skipped (``Damage``), in file order."""
+        return list(self.reader.index.damaged)
+
+    @property
+    def notice(self) -> str | None:
+        """One line for the replay bar: why playback stopped early, or what was skipped."""
+        return self._error or damage_line(self.reader.index)
+
     def toggle(self) -> None:
         self.playing = not self.playing
         self._last_tick = None
@@ -88,6 +108,7 @@ class ReplaySession:
             p.reset()
         self._due.clear()
         self._fed_to = float("-inf")
+        self._last_sample_t = float("-inf")
         self._feed(t - self.seek_window_s, t)
         self._run_processors(force=True)
 
@@ -107,11 +128,18 @@ class ReplaySession:
     def tick(self) -> None:
         now = self._clock()
         last, self._last_tick = self._last_tick, now
-        if self.growing:
-            self.reader.refresh()
+        if self.growing and self._error is None:
+            try:
+                self.reader.refresh()
+            except RecordingError as e:
+                self._stop_on(e)
         if not self.playing or last is None:
             return
         target = self.position + (now - last) * self.speed
+        if target > self._last_sample_t + GAP_S:
+            nxt = self.next_sample_after(self.position)
+            if nxt is not None and nxt > target:
+                target = nxt  # jump a long silence instead of playing it
         if target >= self.t_end:
             target = self.t_end
             if not self.growing:
@@ -136,7 +164,34 @@ class ReplaySession:
 
         return replay_whole(self.replay_path, processors, kinds, progress=progress, cancel=cancel, errors="keep")
 
+    def next_sample_after(self, t: float) -> float | None:
+        """The time of the first sample after ``t`` (None if there is none)."""
+        r = self.reader
+        r.chunks_between(t, t)  # keeps the reader's list of chunk start times current
+        chunks, bad = r.index.chunks, r.index.bad_chunks
+        best = None
+        for ref in chunks[bisect.bisect_left(r._t0s, t - CHUNK_SLACK_S):]:
+            # The index keeps every chunk's t0 within the slack of all earlier t1: nothing later
+            # can hold an earlier sample.
+            if best is not None and ref.t0 - CHUNK_SLACK_S > best:
+                break
+            if ref.t1 <= t or ref.offset in bad:
+                continue
+            later = [s.t for s in self._chunk(ref) if s.t > t]
+            if later:
+                best = min(later) if best is None else min(best, min(later))
+        return best
+
+    @property
+    def last_sample_t(self) -> float:
+        """The time of the latest sample published so far."""
+        return self._last_sample_t
+
     # -- internals -------------------------------------------------------------------------
+    def _stop_on(self, e: RecordingError) -> None:
+        self._error = f"playback stopped: {e}"
+        self.playing = False
+
     def _advance_to(self, t: float) -> None:
         """Move forward to ``t``, stopping at every time a processor is due, so derivations
         see the same sequence of windows at 16x as at 1x (hysteresis depends on it)."""
@@ -149,6 +204,15 @@ class ReplaySession:
             nxt = max(nxt, self.position)
             self._feed(self._fed_to, nxt)
             self.position = nxt
+            if nxt > self._last_sample_t + GAP_S:
+                # A long silence: the processors have seen GAP_S of it; they resume at the next
+                # sample, so a file whose times jump costs nothing for the jump.
+                resume = self.next_sample_after(nxt)
+                if resume is None:
+                    resume = nxt + GAP_S if self.growing else math.inf
+                for p in self.processors:
+                    self._due[p.name] = max(self._due.get(p.name, nxt), resume)
+                continue
             self._run_processors()
         self._feed(self._fed_to, t)
         self.position = t
@@ -156,7 +220,12 @@ class ReplaySession:
     def _chunk(self, ref: ChunkRef) -> list[Sample]:
         got = self._cache.get(ref.offset)
         if got is None:
-            got = self.reader.read_chunk(ref)
+            try:
+                got = self.reader.read_chunk(ref)
+            except RecordingError as e:  # a per-file bound: say it, play nothing further
+                self._stop_on(e)
+                self.reader.index.bad_chunks.add(ref.offset)
+                return []
             if self._derived_kinds:
                 got = [Sample(s.t, s.kind + RECORDED_SUFFIX, s.key, s.data) if s.kind in self._derived_kinds else s
                        for s in got]
@@ -175,6 +244,8 @@ class ReplaySession:
         for ref in self.reader.chunks_between(t_from, t_to):
             batch.extend(s for s in self._chunk(ref) if t_from < s.t <= t_to)
         batch.sort(key=lambda s: s.t)
+        if batch:
+            self._last_sample_t = max(self._last_sample_t, batch[-1].t)
         self._fed_to = max(self._fed_to, t_to)
         self.bus.publish_many(batch)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
 from gputop.model import Sample
-from gputop.session.replay import RECORDED_SUFFIX, ReplaySession
+from gputop.session.replay import GAP_S, RECORDED_SUFFIX, ReplaySession
+from gputop.session.recording import RecordingError
 from gputop.session.session import Processor
 from gputop.session.store import CallbackSubscriber
 
@@ -36,6 +37,7 @@ class WholeReplay:
     covers_to: float | None = None   # how far it played (short of t_end when cancelled or failed)
     cancelled: bool = False
     error: str | None = None         # set only with ``errors="keep"``: why the pass stopped early
+    notice: str | None = None        # what the reader skipped (damaged parts), in one line
     seconds: float = 0.0             # how long the pass took
 
     def of_kind(self, kind: str) -> list[Sample]:
@@ -79,11 +81,21 @@ def replay_whole(path: str, processors: list[Processor], kinds: Iterable[str] | 
             if cancel is not None and cancel.is_set():
                 out.cancelled = True
                 break
-            t = min(t + step_s, t1)
+            nxt = min(t + step_s, t1)
+            if nxt > session.last_sample_t + GAP_S:
+                # A long silence: go straight to the next sample (by samples, not header seconds).
+                resume = session.next_sample_after(t)
+                nxt = t1 if resume is None else min(max(nxt, resume), t1)
+            t = nxt
             session.play_to(t)
             if progress is not None:
                 progress((t - t0) / max(t1 - t0, 1e-9))
         out.covers_to = t
+        out.notice = session.notice
+        if session._error is not None:
+            if errors != "keep":
+                raise RecordingError(session._error.removeprefix("playback stopped: "))
+            out.error = session._error
     except Exception as e:
         if errors != "keep":
             raise

@@ -193,6 +193,9 @@ class ReplayBar(Line):
         start_wall = snap.meta.get("start_wall")
         if isinstance(start_wall, (int, float)):
             tail.append(" " + time.strftime("%H:%M:%S", time.localtime(start_wall + pb.position)))
+        notice = getattr(pb, "notice", None)  # damaged parts skipped (session/replay.py)
+        if notice:
+            tail.append(f" ⚠ {notice}", style="bold")
         if pb.growing:
             tail.append(" following a live file", style="bold")
         elif pb.position >= pb.t_end and not pb.playing:

@@ -1,0 +1,222 @@
+"""Writing a recording: the file writer, and the bus subscriber that feeds it from a thread.
+
+Sources publish on their own threads and must never wait for the disk: ``Recorder.on_samples``
+only appends to a bounded queue under a lock that no I/O ever holds; a writer thread drains
+the queue to the file. When the disk falls behind (full, frozen NFS, a stalled USB stick) the
+queue fills and further samples are dropped and counted, and the recording says so itself (a
+``health`` sample of key ``recorder``), so the hole is explained rather than silent.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from gputop.model import KIND_HEALTH, Sample, health_data
+from gputop.session.recording_format import (
+    _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, MAGIC,
+    RecordingError, encode_chunk, frame_bytes, json_frame,
+)
+
+MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 samples/s):
+                               # a long disk stall costs samples, never gputop's memory
+CHUNK_SAMPLES = 20_000         # a backlog is written as chunks of at most this many samples...
+CHUNK_SPAN_S = 5.0             # ... and this span, well inside what the reader accepts
+
+
+class RecordingWriter:
+    """Appends frames to a new file. Not thread-safe: the Recorder owns it on one thread."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path = path
+        try:
+            # "x": never overwrite; O_NOFOLLOW and 0600: a planted link is refused, the file is private
+            self._f = open(path, "xb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            raise RecordingError(f"{path} already exists: choose another --record file or remove it") from None
+        except OSError as e:
+            raise RecordingError(f"cannot create {path}: {e.strerror}") from None
+        self._f.write(_FILE_HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0))
+        self._f.write(json_frame(FRAME_META, meta))
+        self._f.flush()
+        self.bytes_written = self._f.tell()
+        self.closed = False
+
+    def write_meta(self, meta: dict) -> None:
+        self._write(json_frame(FRAME_META, meta))
+
+    def write_samples(self, samples: list[Sample]) -> None:
+        if samples:
+            payload, t0, t1 = encode_chunk(samples)
+            self._write(frame_bytes(FRAME_CHUNK, payload, CODEC_ZLIB, t0, t1))
+
+    def _write(self, frame: bytes) -> None:
+        self._f.write(frame)
+        self._f.flush()  # into the OS: survives kill -9 of gputop
+        self.bytes_written += len(frame)
+
+    def fsync(self) -> None:
+        os.fsync(self._f.fileno())
+
+    def close(self, end: dict | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._f.write(json_frame(FRAME_END, end or {}))
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+
+
+def _pieces(batch: list[Sample]) -> list[list[Sample]]:
+    """A backlog cut into chunks the reader accepts (bounded count and span), in order."""
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    lo = hi = 0.0
+    for s in batch:
+        if cur and (len(cur) >= CHUNK_SAMPLES or max(hi, s.t) - min(lo, s.t) > CHUNK_SPAN_S):
+            out.append(cur)
+            cur = []
+        if not cur:
+            lo = hi = s.t
+        cur.append(s)
+        lo, hi = min(lo, s.t), max(hi, s.t)
+    if cur:
+        out.append(cur)
+    return out
+
+
+class Recorder:
+    """Bus subscriber that writes samples to a recording, one chunk per ``flush_s`` seconds.
+
+    Publishing only appends to a bounded queue; a writer thread does the I/O, so no source ever
+    waits on the disk. fsync runs every ``fsync_s`` so a power loss costs at most that much, too.
+    """
+
+    def __init__(self, writer: RecordingWriter, flush_s: float = 1.0, fsync_s: float = 10.0,
+                 max_queued: int = MAX_QUEUED_SAMPLES):
+        self.writer = writer
+        self.flush_s = flush_s
+        self.fsync_s = fsync_s
+        self.max_queued = max_queued
+        self._queue: list = []          # Samples, and dicts for metadata frames, in order
+        self._queued_samples = 0
+        self._lock = threading.Lock()   # guards the queue only: never held while writing
+        self._io_lock = threading.Lock()  # one writer of the file at a time
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gputop-recorder", daemon=True)
+        self.error: str | None = None
+        self.samples_written = 0
+        self.dropped = 0                # samples dropped because the disk fell behind
+        self._dropped_noted = 0
+        self._last_t = 0.0
+
+    @property
+    def path(self) -> str:
+        return self.writer.path
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def health(self) -> dict:
+        """The recorder's state, as a health sample's data."""
+        if self.error is not None:
+            return health_data("failed", self.error, dropped_samples=self.dropped)
+        if self.dropped:
+            return health_data("degraded", f"{self.dropped} samples not recorded: the disk fell behind",
+                               dropped_samples=self.dropped)
+        return health_data("ok", "", dropped_samples=0)
+
+    def on_samples(self, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        with self._lock:
+            room = self.max_queued - self._queued_samples
+            if room <= 0:
+                self.dropped += len(samples)
+                return
+            if len(samples) > room:
+                self.dropped += len(samples) - room
+                samples = samples[:room]
+            self._queue.extend(samples)
+            self._queued_samples += len(samples)
+            self._last_t = samples[-1].t
+
+    def on_reset(self) -> None:  # a live session never seeks
+        pass
+
+    def update_meta(self, meta: dict) -> None:
+        """Queued like samples (the writer thread writes it): never waits for the disk."""
+        with self._lock:
+            self._queue.append(dict(meta))
+        self._wake.set()
+
+    def _take(self) -> list:
+        with self._lock:
+            batch, self._queue, self._queued_samples = self._queue, [], 0
+            if self.dropped > self._dropped_noted:
+                self._dropped_noted = self.dropped
+                batch.append(Sample(self._last_t, KIND_HEALTH, "recorder", self.health()))
+        return batch
+
+    def _write_batch(self, batch: list) -> None:
+        with self._io_lock:
+            if self.error is not None:
+                return
+            try:
+                run: list[Sample] = []
+                for item in batch + [None]:
+                    if isinstance(item, Sample):
+                        run.append(item)
+                        continue
+                    for piece in _pieces(run):
+                        self.writer.write_samples(piece)
+                        self.samples_written += len(piece)
+                    run = []
+                    if isinstance(item, dict):
+                        self.writer.write_meta(item)
+            except OSError as e:  # disk full: say so, keep monitoring
+                self.error = f"recording stopped: {e.strerror}"
+            except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
+                self.error = f"recording stopped: {type(e).__name__}: {e}"
+
+    def flush(self) -> None:
+        """Write what is queued now (on the calling thread)."""
+        self._write_batch(self._take())
+
+    def _run(self) -> None:
+        last_sync = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.flush()
+            if time.monotonic() - last_sync >= self.fsync_s and self.error is None:
+                try:
+                    with self._io_lock:
+                        self.writer.fsync()
+                except OSError:
+                    pass
+                last_sync = time.monotonic()
+
+    def stop(self, end: dict | None = None, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive() or not self._io_lock.acquire(timeout=0.1):
+            # The writer is stuck in the kernel (a frozen disk): leave the file as a kill would.
+            self.error = self.error or "recording not closed cleanly: the disk did not respond"
+            return
+        self._io_lock.release()
+        self.flush()
+        with self._io_lock:
+            try:
+                self.writer.close(end)
+            except OSError as e:
+                self.error = f"recording not closed cleanly: {e.strerror}"

@@ -1,0 +1,275 @@
+"""The recording file's bytes: constants, what a file may cost, encoding, decoding, validation.
+
+recording.py has the layout and the reasons for it; recording_reader.py reads files,
+recorder.py writes them. Everything here is pure (no file, no thread).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from gputop.model import Sample
+
+MAGIC = b"\x89GTREC\r\n"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+_FILE_HEADER = struct.Struct("<8sHHI")
+_FRAME_HEADER = struct.Struct("<2sccIIdd")
+FRAME_MARK = b"GF"
+FRAME_META, FRAME_CHUNK, FRAME_END = b"M", b"C", b"E"
+FRAME_TYPES = (FRAME_META, FRAME_CHUNK, FRAME_END)
+CODEC_JSON, CODEC_ZLIB = b"\x00", b"\x01"
+CODECS = (CODEC_JSON, CODEC_ZLIB)
+
+# What one file may cost. Recordings come from other people, so every count the file states or
+# implies is bounded before it is allocated or looped over. The honest figures are the largest
+# seen in the 27 committed recordings (8-GPU H200 sessions included); each limit leaves a wide
+# margin over them and is far below what would hurt a 2-core laptop.
+MAX_FRAME_BYTES = 16 * 1024 * 1024      # a frame's payload; an honest chunk is under 60 KB
+MAX_DECODED_BYTES = 32 * 1024 * 1024    # a frame's payload once inflated; honest under 60 KB
+MAX_INFLATION = 50                      # inflated / compressed per frame: honest JSON is under 10x,
+MIN_INFLATION_ALLOWANCE = 4 * 1024      # a zlib bomb is ~1000x (small frames may inflate to this)
+MAX_VALUES_PER_CHUNK = 500_000          # JSON values in one chunk (honest: under 10 000), so a
+                                        # chunk of `[]` cannot build millions of objects
+MAX_VALUES_PER_BYTE = 32                # ... and per compressed byte (honest: under 2)
+MIN_VALUES_ALLOWANCE = 2_000            # small frames may hold this many whatever their size
+MAX_VALUES_PER_FILE_BYTE = 8            # values in all chunks per byte of file (honest: under 2),
+MIN_VALUES_PER_FILE = 1_000_000         # so reading a file costs time in proportion to its size
+MAX_SAMPLES_PER_CHUNK = 100_000         # one second of samples; honest: under 200
+MAX_DEPTH = 6                           # nesting of a value (honest: a list of strings, depth 1)
+MAX_STRING = 64 * 1024                  # one string (honest: a command line, a stack frame)
+MAX_FRAMES_PER_FILE = 1 << 20           # one chunk a second: 12 days of recording
+MAX_DAMAGED_PARTS = 1000                # more damaged places than this: the file is beyond repair
+MAX_CHUNK_SPAN_S = 60.0                 # t1 - t0 of one chunk: one flush (1 s) plus late samples
+CHUNK_SLACK_S = 10.0   # how far out of time order a chunk's first sample may be (late publishers)
+TIME_TOLERANCE_S = 1e-3                 # header times vs sample times (samples are rounded to 0.1 ms)
+
+
+class RecordingError(Exception):
+    """A recording cannot be read. The message is one line for the user: what and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    offset: int      # of the frame header
+    length: int      # payload length
+    t0: float
+    t1: float
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A damaged part of a file that the reader skipped. ``t0``/``t1`` bound the time it covered
+    (from the good chunks on either side) where known."""
+    offset: int          # first byte lost
+    length: int          # bytes lost
+    what: str            # "chunk", "metadata", "end", "frame" (type unknown), "file header"
+    reason: str          # one short phrase: "fails its checksum", "not valid JSON", ...
+    t0: float | None = None
+    t1: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"offset": self.offset, "length": self.length, "what": self.what, "reason": self.reason,
+                "t0": self.t0, "t1": self.t1}
+
+
+@dataclass
+class RecordingIndex:
+    meta: dict = field(default_factory=dict)
+    chunks: list[ChunkRef] = field(default_factory=list)
+    end: dict | None = None            # the E frame's data when the session stopped cleanly
+    truncated: bool = False            # the file ends inside a frame (killed, or still being written)
+    has_meta: bool = False
+    scanned_to: int = 0                # offset after the last complete frame
+    damaged: list[Damage] = field(default_factory=list)   # parts skipped, in file order
+    bad_chunks: set[int] = field(default_factory=set)     # offsets of chunks found damaged when read
+
+    def good_chunks(self) -> list[ChunkRef]:
+        return [c for c in self.chunks if c.offset not in self.bad_chunks] if self.bad_chunks else self.chunks
+
+    @property
+    def t_start(self) -> float:
+        return min((c.t0 for c in self.good_chunks()), default=0.0)
+
+    @property
+    def t_end(self) -> float:
+        return max((c.t1 for c in self.good_chunks()), default=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _finite(v):
+    """Replace NaN/inf (which JSON cannot hold) by None, recursively."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _finite(x) for k, x in v.items()}
+    return v
+
+
+def encode_chunk(samples: list[Sample]) -> tuple[bytes, float, float]:
+    """Samples -> (payload, t0, t1). Columnar per (kind, key): compresses about 5-10x better."""
+    groups: dict[tuple[str, str], tuple[list, dict]] = {}
+    for s in samples:
+        g = groups.get((s.kind, s.key))
+        if g is None:
+            g = groups[(s.kind, s.key)] = ([], {})
+        ts, cols = g
+        n = len(ts)
+        ts.append(round(s.t, 4))
+        for name, v in s.data.items():
+            col = cols.get(name)
+            if col is None:
+                col = cols[name] = [None] * n
+            col.append(v)
+        for col in cols.values():
+            if len(col) < n + 1:
+                col.append(None)
+    series = [[kind, key, ts, cols] for (kind, key), (ts, cols) in groups.items()]
+    try:
+        text = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps({"series": _finite(series)}, separators=(",", ":"), allow_nan=False)
+    t0 = min(s.t for s in samples)
+    t1 = max(s.t for s in samples)
+    return zlib.compress(text.encode(), 6), t0, t1
+
+
+def frame_bytes(ftype: bytes, payload: bytes, codec: bytes = CODEC_ZLIB, t0: float = 0.0, t1: float = 0.0) -> bytes:
+    crc = zlib.crc32(struct.pack("<dd", t0, t1) + payload)
+    return _FRAME_HEADER.pack(FRAME_MARK, ftype, codec, len(payload), crc, t0, t1) + payload
+
+
+def json_frame(ftype: bytes, obj: dict) -> bytes:
+    return frame_bytes(ftype, zlib.compress(json.dumps(_finite(obj), allow_nan=False).encode(), 6))
+
+
+def crc_ok(payload: bytes, crc: int, t0: float, t1: float) -> bool:
+    return zlib.crc32(struct.pack("<dd", t0, t1) + payload) == crc
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+class FrameDamaged(Exception):
+    """One frame cannot be used (its own content is bad); the reader skips it. ``str`` is a phrase."""
+
+
+def decode_payload(codec: bytes, payload: bytes):
+    """Inflate and parse a frame's payload, bounded: the inflated size (absolute and against the
+    compressed size) and the number of JSON values are checked before ``json.loads`` builds
+    anything, so a small frame cannot become gigabytes of objects."""
+    allowed = min(MAX_DECODED_BYTES, max(MIN_INFLATION_ALLOWANCE, MAX_INFLATION * len(payload)))
+    if codec == CODEC_ZLIB:
+        d = zlib.decompressobj()
+        try:
+            raw = d.decompress(payload, allowed)
+        except zlib.error:
+            raise FrameDamaged("compressed data is damaged") from None
+        if d.unconsumed_tail:
+            raise FrameDamaged(f"inflates past {allowed >> 10} KiB (a compression bomb?)")
+    elif codec == CODEC_JSON:
+        raw = payload
+    else:
+        raise FrameDamaged(f"unknown codec {codec!r}")
+    # Every JSON value is the first in its container or follows a comma: this bounds how many
+    # objects parsing can make, in C and without parsing.
+    values = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+    if values > min(MAX_VALUES_PER_CHUNK, max(MIN_VALUES_ALLOWANCE, MAX_VALUES_PER_BYTE * len(payload))):
+        raise FrameDamaged(f"holds {values} values, more than a recording writes")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise FrameDamaged("not valid JSON") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed in a recording")
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _check_value(v, depth: int = 0) -> bool:
+    if isinstance(v, _SCALARS):
+        if isinstance(v, str):
+            return len(v) <= MAX_STRING
+        # json.loads makes ints of any size (a 4000-digit int would break str() and arithmetic)
+        return not isinstance(v, int) or isinstance(v, bool) or -(1 << 63) <= v < (1 << 64)
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(v, list):
+        return all(_check_value(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and len(k) <= MAX_STRING and _check_value(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def check_meta(obj) -> None:
+    if not isinstance(obj, dict) or not _check_value(obj):
+        raise FrameDamaged("metadata is not an object of bounded size and depth")
+
+
+Series = tuple  # (kind: str, key: str, ts: list[float], cols: dict[str, list])
+
+
+def validate_chunk(obj, t0: float | None = None, t1: float | None = None) -> list[Series]:
+    """Check a decoded chunk's structure, bounds and (given the header's) times; return its
+    columnar series. Raises FrameDamaged with a phrase."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("series"), list):
+        raise FrameDamaged("unexpected structure")
+    out: list[Series] = []
+    n_samples = 0
+    lo, hi = math.inf, -math.inf
+    for entry in obj["series"]:
+        if not (isinstance(entry, list) and len(entry) == 4):
+            raise FrameDamaged("unexpected structure")
+        kind, key, ts, cols = entry
+        if not (isinstance(kind, str) and isinstance(key, str) and isinstance(ts, list) and isinstance(cols, dict)):
+            raise FrameDamaged("unexpected structure")
+        if len(kind) > MAX_STRING or len(key) > MAX_STRING:
+            raise FrameDamaged("a name is too long")
+        n = len(ts)
+        n_samples += n
+        if n_samples > MAX_SAMPLES_PER_CHUNK:
+            raise FrameDamaged(f"holds more than {MAX_SAMPLES_PER_CHUNK} samples")
+        for t in ts:
+            if type(t) not in (int, float) or not math.isfinite(t):
+                raise FrameDamaged("a sample time is not a number")
+        if ts:
+            lo, hi = min(lo, min(ts)), max(hi, max(ts))
+        for name, col in cols.items():
+            if not isinstance(name, str) or not isinstance(col, list) or len(col) != n:
+                raise FrameDamaged("unexpected structure")
+            if len(name) > MAX_STRING or not all(type(v) in _FAST or _check_value(v, 1) for v in col):
+                raise FrameDamaged("a value is too long or too deeply nested")
+        out.append((kind, key, ts, cols))
+    if t0 is not None and n_samples:
+        # The header's times are what the index seeks by: they must be the samples' own.
+        if abs(lo - t0) > TIME_TOLERANCE_S or abs(hi - t1) > TIME_TOLERANCE_S:
+            raise FrameDamaged("its header times do not match its samples")
+    return out
+
+
+_FAST = (type(None), bool, float)  # scalars that need no further check
+
+
+def samples_of(series: list[Series]) -> list[Sample]:
+    """Columnar series -> samples sorted by time."""
+    out: list[Sample] = []
+    for kind, key, ts, cols in series:
+        names = list(cols)
+        columns = [cols[c] for c in names]
+        for i in range(len(ts)):
+            out.append(Sample(float(ts[i]), kind, key, {name: col[i] for name, col in zip(names, columns)}))
+    out.sort(key=lambda s: s.t)
+    return out
