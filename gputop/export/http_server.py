@@ -36,7 +36,6 @@ HEALTH_EVERY_S = 5.0        # the exporter's health sample: on change and this o
 EXPORTER_SOURCE = "exporter"
 
 
-
 def bind_problem(host: str, port: int, e: OSError) -> str:
     where = f"cannot serve Prometheus metrics on {host}:{port}"
     if isinstance(e, socket.gaierror):
