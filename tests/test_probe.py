@@ -533,14 +533,17 @@ def test_no_probe_says_what_it_would_add_and_how(tmp_path):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to hand the directory to another user")
 def test_socket_directory_owned_by_another_user(tmp_path):
-    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt"
+    """Another user made the directory first: the probe listens in its private fallback
+    ($HOME/.cache/gputop-probe) and says so in one line; gputop finds it there."""
+    d, hold, out, home = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt", tmp_path / "home"
     d.mkdir(mode=0o700)
     os.chown(d, 65534, 65534)
-    job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d),
+    home.mkdir()
+    job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d, HOME=str(home)),
                             stderr=subprocess.PIPE, text=True)
     try:
         src, col = start_client(job.pid)
-        h = wait_for(lambda: [x for x in col.health() if x["state"] == "failed"], 10, "the failed health line")[-1]
+        h = wait_for(lambda: [x for x in col.health() if x.get("found")], 10, "the probe found in the fallback")[-1]
         assert finish(job, hold) == 0
         src.stop()
     finally:
@@ -550,8 +553,9 @@ def test_socket_directory_owned_by_another_user(tmp_path):
     assert out.exists()
     err = job.stderr.read()
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "not listening" in lines[0] and "owned by uid 65534" in lines[0], err
-    assert "owned by uid 65534" in h["message"] and "gputop run" in h["message"]
+    fallback = home / ".cache" / "gputop-probe"
+    assert len(lines) == 1 and "owned by uid 65534" in lines[0] and f"listening in {fallback} instead" in lines[0], err
+    assert h["probes"] == [job.pid]
     assert sockets_in(d) == []
 
 

@@ -18,12 +18,10 @@ after ``STALE_S``, and a value that is None is left out, never served as a zero.
 
 from __future__ import annotations
 
-import errno
 import socket
 import threading
-from socketserver import ThreadingMixIn
+import time
 from typing import Iterable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -475,58 +473,17 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, n
 
 
-def _bind_problem(host: str, port: int, e: OSError) -> str:
-    where = f"cannot serve Prometheus metrics on {host}:{port}"
-    if isinstance(e, socket.gaierror):
-        return f"{where}: unknown host {host!r}; use an address of this machine, 127.0.0.1 or 0.0.0.0"
-    if e.errno == errno.EADDRINUSE:
-        return f"{where}: the port is already in use (another gputop or exporter?); choose another port with --prometheus"
-    if e.errno == errno.EADDRNOTAVAIL:
-        return f"{where}: {host} is not an address of this machine; use 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)"
-    if e.errno == errno.EACCES:
-        return f"{where}: permission denied (ports below 1024 need root); choose a port such as {DEFAULT_PORT}"
-    return f"{where}: {e.strerror or e}"
-
-
-class _Discard:
-    def write(self, text) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """Nothing on stderr, ever: in the UI it would land in the middle of the screen."""
-
-    def log_message(self, format, *args) -> None:
-        pass
-
-    def get_stderr(self):
-        return _Discard()
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True   # a hung scraper never keeps gputop from exiting
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a scraper that hung up mid-answer: its problem, and no traceback on the screen
-
-
-def _listen(host: str, port: int) -> _Server:
-    """A threading WSGI server bound to (host, port), IPv4 or IPv6 as the address says. Our own
-    rather than prometheus_client.start_http_server, which returns nothing to stop it with
-    before prometheus-client 0.20."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    server_class = type("_Server", (_Server,), {"address_family": family})
-    return server_class(sockaddr[:2], _QuietHandler)
+from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH_EVERY_S, MAX_CONNECTIONS,
+                                      REQUEST_TIMEOUT_S, ServerCollector, bind_problem, listen)
 
 
 class PrometheusExporter:
     """Listens at once (so a port in use is reported before anything else starts); serves the
     session given to ``serve`` on ``/metrics``. Port 0 picks a free port (tests, benchmarks)."""
 
-    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, session=None) -> None:
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, session=None, *,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, answer_timeout_s: float = ANSWER_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.collector = SessionCollector(session)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
@@ -536,14 +493,68 @@ class PrometheusExporter:
         # ~60 KB per scrape is nothing and compressing it costs gputop ~2 ms of CPU per scrape.
         self._metrics_app = make_wsgi_app(self.registry, disable_compression=True)
         try:
-            self._server = _listen(host, port)
+            self._server = listen(host, port)
         except OSError as e:  # socket.gaierror is an OSError too
-            raise ExporterError(_bind_problem(host, port, e)) from None
+            raise ExporterError(bind_problem(host, port, e)) from None
         self._server.set_app(self._app)
+        self._server.request_timeout_s = request_timeout_s
+        self._server.answer_timeout_s = max(answer_timeout_s, request_timeout_s)
+        self._server.max_connections = max(1, max_connections)
+        self._server.on_tick = self._maybe_health
+        self.registry.register(ServerCollector(self._server))
         self.host = host
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="gputop-prometheus", daemon=True)
+        self._stopping = threading.Event()
+        self._health_said: tuple | None = None
+        self._health_at = 0.0
+        self._thread = threading.Thread(target=self._serve_forever, name="gputop-prometheus", daemon=True)
         self._thread.start()
+
+    def _serve_forever(self) -> None:
+        """serve_forever, restarted after anything it raises (it says so in health): the
+        exporter may stop answering for a moment, but never takes the session with it."""
+        while not self._stopping.is_set():
+            try:
+                self._server.serve_forever()
+                return   # stop() was called
+            except Exception as e:
+                self._server.stats["errors"] += 1
+                self._server.last_error = f"server thread: {type(e).__name__}: {e}"[:200]
+                self._stopping.wait(0.5)
+
+    def health(self) -> dict:
+        """What the exporter's ``health`` sample (source "exporter") says now."""
+        from gputop.model import health_data
+        srv = self._server
+        st = dict(srv.stats)
+        closed = st["evicted"] + st["timed_out"]
+        state, msg = HEALTH_OK, f"serving {self.url}"
+        if closed:
+            msg += (f"; closed {closed} connection(s) before answering ({st['evicted']} idle evicted at the cap of "
+                    f"{srv.max_connections}, {st['timed_out']} too slow)")
+        if st["errors"] or st["accept_errors"]:
+            state = HEALTH_DEGRADED
+            msg += f"; {st['errors'] + st['accept_errors']} error(s), the last: {srv.last_error}"
+        return health_data(state, msg, rate_hz=None, connections=srv.open_connections(), **st)
+
+    def _maybe_health(self) -> None:
+        """On the server thread (every 0.5 s): a health sample on change and every 5 s."""
+        from gputop.model import Sample
+        session = self.collector.session
+        bus = getattr(session, "bus", None)
+        if bus is None or getattr(session, "playback", None) is not None:
+            return   # a replay's store holds only the recording's health
+        now = time.monotonic()
+        st = self._server.stats
+        key = (st["errors"], st["accept_errors"], st["evicted"] + st["timed_out"] > 0)
+        # on change (at most once a second) and every 5 s, like the sources' health
+        if not (now - self._health_at >= HEALTH_EVERY_S or (key != self._health_said and now - self._health_at >= 1.0)):
+            return
+        self._health_said, self._health_at = key, now
+        try:
+            bus.publish(Sample(session.now(), KIND_HEALTH, EXPORTER_SOURCE, self.health()))
+        except Exception:
+            pass   # the session is stopping
 
     @property
     def url(self) -> str:
@@ -561,6 +572,7 @@ class PrometheusExporter:
         self.collector.session = session
 
     def stop(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=2)

@@ -10,12 +10,21 @@ monitor attached it sleeps in ``select`` on the listening socket and costs nothi
 server share one object, so the training thread's counters are plain attributes the probe
 thread reads.
 
+What a client can cost the job is bounded (issue 13): a monitor sends nothing the probe needs,
+so a client that sends more than ``MAX_CLIENT_INPUT`` bytes is dropped (a flood costs one
+small read); accepts are rate-limited (``ACCEPTS_PER_S``), so a reconnect loop cannot keep the
+probe thread busy; and with ``MAX_MONITORS`` attached, a new client evicts one that has not read
+what it was sent (an idle client), so idle clients cannot lock a real monitor out. A socket
+directory that cannot be used safely (another user's, a symlink, open to others) is replaced by
+a private fallback directory (``wire.fallback_dir``), with one line on stderr.
+
 Imports: the standard library only.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import selectors
 import socket
@@ -33,6 +42,11 @@ WINDOW_S = 1.0              # aggregation window while a monitor is attached (re
 IDLE_POLL_S = 1.0           # select timeout with no monitor: the thread mostly sleeps
 MAX_OUTBOX_BYTES = 1 << 20  # per monitor; oldest messages are dropped beyond this
 MAX_MONITORS = 8
+MAX_CLIENT_INPUT = 4096     # bytes a client may send in all; a monitor sends none
+ACCEPTS_PER_S = 10.0        # sustained rate of new connections served (burst ACCEPT_BURST)
+ACCEPT_BURST = 20.0
+EVICT_UNREAD_AFTER_S = 1.0  # full, a client this old that left what it was sent unread may be evicted
+SIOCOUTQ = 0x5411           # Linux: bytes in a socket's send queue not yet read by the peer
 MEMORY_EVERY_S = 1.0
 CONFIG_EVERY_S = 2.0
 SYNC_TOP_EVERY_S = 2.0
@@ -41,7 +55,7 @@ SYNC_TOP_EVERY_S = 2.0
 class _Monitor:
     """One attached monitor: its socket and a bounded queue of encoded messages."""
 
-    __slots__ = ("sock", "outbox", "out_bytes", "dropped", "partial", "peer")
+    __slots__ = ("sock", "outbox", "out_bytes", "dropped", "partial", "peer", "received", "since")
 
     def __init__(self, sock: socket.socket, peer: tuple[int, int, int] | None) -> None:
         self.sock = sock
@@ -50,6 +64,17 @@ class _Monitor:
         self.dropped = 0
         self.partial = b""
         self.peer = peer
+        self.received = 0        # bytes it sent us
+        self.since = _mono()
+
+    def unread(self) -> int:
+        """Bytes sent to this client that it has not read yet (queued here or in the socket)."""
+        n = self.out_bytes + len(self.partial)
+        try:
+            n += struct.unpack("i", fcntl.ioctl(self.sock.fileno(), SIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            pass
+        return n
 
     def queue(self, data: bytes) -> None:
         self.outbox.append(data)
@@ -89,6 +114,13 @@ class ProbeServer:
         self._stop = threading.Event()
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
+        self.clients_dropped = 0           # sent too much (garbage, a flood)
+        self.clients_evicted = 0           # idle while the monitors were full
+        self.clients_refused = 0           # full of monitors that all read
+        self._accept_tokens = ACCEPT_BURST
+        self._accept_at = 0.0
+        self._listen_paused_until: float | None = None
+        self._said_dropped = False
 
     # -- activation -------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -138,6 +170,16 @@ class ProbeServer:
     def _open_socket(self) -> bool:
         directory = wire.probe_dir()
         reason = wire.ensure_dir(directory)
+        if reason is not None:
+            # Someone else's directory (or a symlink, or one open to others) must not switch the
+            # probe off: listen in the private fallback, where gputop also looks.
+            fallback = wire.fallback_dir(os.environ, os.getuid())
+            why = wire.ensure_private_dir(fallback) if fallback else "no home directory"
+            if why is None:
+                say(f"{reason}; listening in {fallback} instead")
+                directory, reason = fallback, None
+            else:
+                reason = f"{reason}; and the fallback {fallback or '(none)'}: {why}"
         if reason is None:
             path = wire.socket_path(directory, self.pid)
             if len(path.encode()) > wire.MAX_SOCKET_PATH:
@@ -260,6 +302,12 @@ class ProbeServer:
                         timeout = min(timeout, 0.05)
                 else:
                     timeout = IDLE_POLL_S
+                if self._listen_paused_until is not None:
+                    if now >= self._listen_paused_until:
+                        self._listen_paused_until = None
+                        sel.register(self._listener, selectors.EVENT_READ, "listen")
+                    else:
+                        timeout = min(timeout, self._listen_paused_until - now)
                 for key, _ in sel.select(timeout):
                     if key.data == "listen":
                         self._accept(sel)
@@ -293,6 +341,15 @@ class ProbeServer:
                 pass
 
     def _accept(self, sel) -> None:
+        now = _mono()
+        self._accept_tokens = min(ACCEPT_BURST, self._accept_tokens + (now - self._accept_at) * ACCEPTS_PER_S)
+        self._accept_at = now
+        if self._accept_tokens < 1:
+            # A reconnect loop: leave new connections in the backlog for a while.
+            sel.unregister(self._listener)
+            self._listen_paused_until = now + (1 - self._accept_tokens) / ACCEPTS_PER_S
+            return
+        self._accept_tokens -= 1
         try:
             conn, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
@@ -303,7 +360,8 @@ class ProbeServer:
         if peer is not None and peer[1] not in (os.getuid(), 0):
             conn.close()  # only our own user or root may read the job's numbers
             return
-        if len(self._monitors) >= MAX_MONITORS:
+        if len(self._monitors) >= MAX_MONITORS and not self._evict_idle(sel, now):
+            self.clients_refused += 1
             conn.close()
             return
         conn.setblocking(False)
@@ -320,6 +378,22 @@ class ProbeServer:
             m.queue(wire.encode(ws.last_syncs))
         m.flush()
 
+    def _evict_idle(self, sel, now: float) -> bool:
+        """Full: drop the client that left the most of what it was sent unread (attached for
+        EVICT_UNREAD_AFTER_S at least). False if every client reads: then the new one is refused."""
+        best, most = None, 0
+        for m in self._monitors:
+            if now - m.since < EVICT_UNREAD_AFTER_S:
+                continue
+            n = m.unread()
+            if n > most:
+                best, most = m, n
+        if best is None:
+            return False
+        self.clients_evicted += 1
+        self._drop_monitor(sel, best)
+        return True
+
     def _read_monitor(self, sel, m: _Monitor) -> None:
         try:
             data = m.sock.recv(4096)
@@ -329,7 +403,17 @@ class ProbeServer:
             data = b""
         if not data:  # the monitor went away (closed, or killed)
             self._drop_monitor(sel, m)
-        # Whatever a monitor sends is read and ignored: there is nothing it can ask for.
+            return
+        # Whatever a monitor sends is read and ignored: there is nothing it can ask for. One that
+        # sends more than a little is not a monitor: dropped, so it costs the job one read.
+        m.received += len(data)
+        if m.received > MAX_CLIENT_INPUT:
+            self.clients_dropped += 1
+            if not self._said_dropped:
+                self._said_dropped = True
+                say(f"dropped a client of the probe socket that sent over {MAX_CLIENT_INPUT} bytes "
+                    "(a monitor sends none); said once")
+            self._drop_monitor(sel, m)
 
     def _drop_monitor(self, sel, m: _Monitor) -> None:
         try:

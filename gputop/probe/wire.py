@@ -7,8 +7,9 @@ humans; this file is the definition.
 Transport: one Unix stream socket per probed process, ``<dir>/<pid>.sock``. ``<dir>`` is
 ``$GPUTOP_PROBE_DIR`` if set in the target's environment, else ``/tmp/gputop-<uid>``. The
 directory must be a real directory (not a symlink) owned by the process's user with no access
-for group or others (0700); the probe creates it so, and refuses to use it otherwise. The socket
-file is 0600.
+for group or others (0700); the probe creates it so. If it cannot be used so (another user made
+it first, a symlink), the probe listens in ``fallback_dir`` (``$HOME/.cache/gputop-probe``)
+instead, and says so on stderr; gputop looks in both. The socket file is 0600.
 
 Messages: UTF-8 JSON objects, one per line (``\\n``-terminated), at most ``MAX_LINE`` bytes.
 Every message has ``"type"`` and ``"mono"`` (the probe's ``time.monotonic()`` when it was sent).
@@ -53,6 +54,30 @@ def probe_dir(env: dict | None = None, uid: int | None = None) -> str:
     """The socket directory a process with environment ``env`` and user ``uid`` uses."""
     env = os.environ if env is None else env
     return env.get(ENV_DIR) or default_dir(os.getuid() if uid is None else uid)
+
+
+def fallback_dir(env: dict, uid: int) -> str | None:
+    """Where the probe listens when its socket directory cannot be used safely (another user
+    created ``/tmp/gputop-<uid>`` first, say): ``$HOME/.cache/gputop-probe`` of the process
+    (its ``HOME``, else its user's home), which other users cannot pre-create. gputop looks
+    there too."""
+    home = env.get("HOME")
+    if not home:
+        try:
+            import pwd
+            home = pwd.getpwuid(uid).pw_dir
+        except (KeyError, ImportError):
+            return None
+    return os.path.join(home, ".cache", "gputop-probe") if home and os.path.isabs(home) else None
+
+
+def ensure_private_dir(path: str) -> str | None:
+    """``ensure_dir`` for the fallback: its parent (``~/.cache``) is created too if missing."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    except OSError as e:
+        return f"cannot create {os.path.dirname(path)}: {e.strerror}"
+    return ensure_dir(path)
 
 
 def socket_path(directory: str, pid: int) -> str:

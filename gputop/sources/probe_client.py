@@ -18,13 +18,20 @@ every probe time ``x`` at ``x + offset``. The minimum is the message that waited
 socket, so the error is that message's delivery time (well under a millisecond on one machine),
 and it also holds where the two processes' monotonic clocks differ (a container's time namespace).
 
-Nothing read from a socket is executed: JSON only, every line bounded (wire.MAX_LINE), every
-number checked, every string clipped. A peer that is not a probe is dropped with one line.
+Nothing read from a socket is executed: JSON only, every line bounded (``MAX_MESSAGE_BYTES``),
+every number checked, every string clipped. A peer that is not a probe is dropped with one line.
+
+What one probe can cost gputop is bounded too (issue 13: whoever runs the watched job can put
+anything on that socket, and gputop may run as root): bytes read per second (beyond
+``READ_BYTES_PER_S`` gputop stops reading that socket for a while, so a flood costs its sender,
+not gputop's CPU or memory), messages and samples per second (token buckets; the excess is
+dropped), and time order (a sample's time is clamped to the last ``MAX_LAG_S`` seconds, never
+later than now, and one earlier than the previous of its kind is dropped, so the store never
+re-sorts). The ``probe`` health says what was dropped, per PID.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import selectors
 import socket
@@ -37,6 +44,9 @@ from gputop.model import KIND_EVENT, KIND_HEALTH, Sample, health_data
 from gputop.probe import wire
 from gputop.sources import ranks as _ranks
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource
+from gputop.sources.probe_limits import (DROPS_RECENT_S, MAX_LAG_S, MAX_MESSAGE_BYTES, MESSAGE_BURST, MESSAGES_PER_S,
+                                         READ_BURST_BYTES, READ_BYTES_PER_S, SAMPLE_BURST, SAMPLES_PER_S, Bucket, Drops)
+from gputop.sources.probe_messages import MAX_STR, _clean, _int, _num, _str, step_data
 
 KIND_PROBE_STEP = "probe_step"
 KIND_PROBE_CONFIG = "probe_config"
@@ -46,7 +56,6 @@ PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE
 
 SOURCE_NAME = "probe"
 RANK_END_WAIT_S = 30.0   # a probed rank whose probe detached but whose process lives on: ended after this
-MAX_STR = 400
 
 WHAT_IT_ADDS = ("the probe adds step time split into data wait / GPU time / other host time, steps, batches and "
                 "samples per second, implicit device syncs per step with the line that caused them, and the "
@@ -55,52 +64,18 @@ HOW_TO_ENABLE = ("start the job with `gputop run -- python train.py ...`, or add
                  "`import gputop.probe; gputop.probe.install()` to the training script")
 
 
-def _num(x) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
-def _int(x) -> int | None:
-    if isinstance(x, bool) or not isinstance(x, int):
-        return None
-    return x
-
-
-def _str(x) -> str | None:
-    return x[:MAX_STR] if isinstance(x, str) else None
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(x, nd)
-
-
-def _clean(v, depth: int = 0):
-    """A JSON value from a probe, made safe for a sample: bounded depth, sizes and strings."""
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, str):
-        return v[:MAX_STR]
-    if depth >= 4:
-        return None
-    if isinstance(v, list):
-        return [_clean(x, depth + 1) for x in v[:64]]
-    if isinstance(v, dict):
-        return {str(k)[:80]: _clean(x, depth + 1) for k, x in list(v.items())[:64]}
-    return None
-
-
 class _ProbeConn:
     def __init__(self, pid: int, sock: socket.socket, path: str) -> None:
         self.pid = pid
         self.sock = sock
         self.path = path
-        self.reader = wire.LineReader()
+        self.reader = wire.LineReader(MAX_MESSAGE_BYTES)
+        now = time.monotonic()
+        self.read_budget = Bucket(READ_BYTES_PER_S, READ_BURST_BYTES, now)
+        self.msg_budget = Bucket(MESSAGES_PER_S, MESSAGE_BURST, now)
+        self.sample_budget = Bucket(SAMPLES_PER_S, SAMPLE_BURST, now)
+        self.paused_until: float | None = None     # not read until then (over its byte budget)
+        self.last_t: dict[str, float] = {}         # kind -> time of the last sample published
         self.hello: dict | None = None
         self.offset: float | None = None
         self.rank: int | None = None
@@ -108,6 +83,10 @@ class _ProbeConn:
         self.hooks: dict = {}
         self.last_window: float | None = None
         self.last_cpu: tuple[float, float] | None = None  # (probe thread CPU s, t1)
+
+
+# Message types that become samples (or events): each takes one from the probe's sample budget.
+_SAMPLE_TYPES = frozenset({wire.MSG_WINDOW, wire.MSG_CONFIG, wire.MSG_MEMORY, wire.MSG_SYNCS, wire.MSG_NOTE})
 
 
 class ProbeClientSource(ThreadedSource):
@@ -136,6 +115,8 @@ class ProbeClientSource(ThreadedSource):
         self._stale: set[str] = set()
         self._hook_problems: dict[int, str] = {}
         self._detached: set[int] = set()
+        self._drops: dict[int, Drops] = {}       # pid -> what was refused from its probe
+        self._closed_early: dict[int, str] = {}   # pid -> socket that closed before its hello
         self._heartbeat = Heartbeat(HEALTH_EVERY_S, at=0.0)
         self._scans = 0
         # Ranks the probe reports, for processes whose environment names none (or cannot be
@@ -182,6 +163,7 @@ class ProbeClientSource(ThreadedSource):
                         self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"probe scan failed: {type(e).__name__}: {e}", "level": "warn"})
                     next_scan = now + self.scan_interval_s
                     self._maybe_health()
+                self._resume_paused(sel)
                 if not sel.get_map():
                     self._stop.wait(max(0.0, min(0.2, next_scan - time.monotonic())))
                     continue
@@ -199,6 +181,7 @@ class ProbeClientSource(ThreadedSource):
         except psutil.Error:
             return None, []
         dirs: list[str] = []
+        env: dict = {}
         try:
             env = proc.environ()
             env_dir = env.get(wire.ENV_DIR)
@@ -207,8 +190,9 @@ class ProbeClientSource(ThreadedSource):
             env_dir = None
         if env_dir:
             dirs.append(env_dir)
-        for d in (*self.extra_dirs, wire.default_dir(uid)):
-            if d not in dirs:
+        # the probe's fallback when its directory was not safe to use (wire.fallback_dir)
+        for d in (*self.extra_dirs, wire.default_dir(uid), wire.fallback_dir(env, uid)):
+            if d and d not in dirs:
                 dirs.append(d)
         self._dirs_of[proc.pid] = (uid, dirs)
         return uid, dirs
@@ -266,8 +250,13 @@ class ProbeClientSource(ThreadedSource):
         return True
 
     def _read(self, sel, c: _ProbeConn) -> None:
+        now = time.monotonic()
+        budget = int(c.read_budget.refill(now))
+        if budget < 4096:
+            self._pause(sel, c, now)
+            return
         try:
-            data = c.sock.recv(1 << 16)
+            data = c.sock.recv(min(1 << 16, budget))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -275,12 +264,47 @@ class ProbeClientSource(ThreadedSource):
         if not data:
             self._detach(sel, c, None)
             return
+        c.read_budget.tokens -= len(data)
         try:
             msgs = c.reader.feed(data)
             for msg in msgs:
+                if c.hello is not None and not c.msg_budget.take(1, now):
+                    self._dropped(c, "rate")
+                    continue
                 self._handle(c, msg)
         except wire.WireError as e:
             self._detach(sel, c, f"PID {c.pid} ({c.path}): {e}")
+
+    def _pause(self, sel, c: _ProbeConn, now: float) -> None:
+        """Over its byte budget: leave the socket unread until the budget holds 64 KiB again
+        (the probe's own queue then fills and drops its oldest messages, as for a slow monitor)."""
+        try:
+            sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            return
+        c.paused_until = now + max(0.05, ((1 << 16) - c.read_budget.tokens) / READ_BYTES_PER_S)
+        self._drops_of(c.pid).paused += 1
+
+    def _resume_paused(self, sel) -> None:
+        now = time.monotonic()
+        for c in list(self._conns.values()):
+            if c.paused_until is not None and now >= c.paused_until:
+                c.paused_until = None
+                try:
+                    sel.register(c.sock, selectors.EVENT_READ, c)
+                except (KeyError, ValueError, OSError):
+                    pass
+
+    def _drops_of(self, pid: int) -> Drops:
+        d = self._drops.get(pid)
+        if d is None:
+            d = self._drops[pid] = Drops()
+        return d
+
+    def _dropped(self, c: _ProbeConn, why: str) -> None:
+        d = self._drops_of(c.pid)
+        setattr(d, why, getattr(d, why) + 1)
+        d.at = time.monotonic()
 
     def _detach(self, sel, c: _ProbeConn, problem: str | None) -> None:
         try:
@@ -293,6 +317,8 @@ class ProbeClientSource(ThreadedSource):
             pass
         with self._lock:
             self._conns.pop(c.pid, None)
+        if problem is None and c.hello is None:
+            self._closed_early[c.pid] = c.path   # a probe that has all the monitors it takes
         if problem is not None:
             self._bad[c.pid] = problem
             self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"dropped a probe socket: {problem}", "level": "warn"})
@@ -311,11 +337,28 @@ class ProbeClientSource(ThreadedSource):
         self._maybe_health(force=True)
 
     # -- messages -> samples ------------------------------------------------------------------
-    def _t(self, c: _ProbeConn, mono) -> float:
+    def _t(self, c: _ProbeConn, mono, kind: str) -> float | None:
+        """Session time of a probe time, kept within [now - MAX_LAG_S, now]; None (the message
+        is dropped) if it is earlier than the last sample of ``kind`` from this probe."""
+        now = self.clock.now()
         m = _num(mono)
-        if m is None or c.offset is None:
-            return self.clock.now()
-        return m + c.offset
+        t = now if (m is None or c.offset is None) else m + c.offset
+        if t > now or t < now - MAX_LAG_S:
+            # A message cannot come from the future (the offset is a minimum over deliveries);
+            # both only come from a peer that makes its times up.
+            self._dropped(c, "clamped")
+            t = min(now, max(t, now - MAX_LAG_S))
+        last = c.last_t.get(kind)
+        if last is not None and t < last:
+            self._dropped(c, "order")
+            return None
+        c.last_t[kind] = t
+        return t
+
+    def _publish_at(self, c: _ProbeConn, kind: str, data: dict, mono) -> None:
+        t = self._t(c, mono, kind)
+        if t is not None:
+            self._publish(kind, str(c.pid), data, t)
 
     def _handle(self, c: _ProbeConn, msg: dict) -> None:
         mono = _num(msg.get("mono"))
@@ -344,12 +387,16 @@ class ProbeClientSource(ThreadedSource):
                 self._seen[c.pid] = info
             who = f"PID {c.pid}" + (f" (rank {c.rank})" if c.rank is not None else "")
             self._detached.discard(c.pid)
+            self._closed_early.pop(c.pid, None)
             self._maybe_rank(c, info)
             self._publish(KIND_EVENT, SOURCE_NAME, {"message": f"probe attached: {who}", "level": "info"})
             self._maybe_health(force=True)
             return
+        if typ in _SAMPLE_TYPES and not c.sample_budget.take(1, time.monotonic()):
+            self._dropped(c, "rate")
+            return
         if typ == wire.MSG_WINDOW:
-            self._publish(KIND_PROBE_STEP, str(c.pid), self._step_data(c, msg), self._t(c, msg.get("t1")))
+            self._publish_at(c, KIND_PROBE_STEP, step_data(c, msg), msg.get("t1"))
             said = self._rank_said.get(c.pid)
             if said is not None and self.clock.now() - self._rank_said_at.get(c.pid, 0.0) >= _ranks.REPEAT_S:
                 self._say_rank(said)  # again now and then, for a replay that seeks far
@@ -362,7 +409,7 @@ class ProbeClientSource(ThreadedSource):
                 hooks = cfg.get("hooks") if isinstance(cfg.get("hooks"), dict) else {}
                 self._note_hooks(c, hooks)
                 data = {"rank": c.rank, **cfg}
-                self._publish(KIND_PROBE_CONFIG, str(c.pid), data, self._t(c, mono))
+                self._publish_at(c, KIND_PROBE_CONFIG, data, mono)
                 with self._lock:
                     if c.pid in self._seen:
                         self._seen[c.pid]["torch"] = c.torch
@@ -373,14 +420,13 @@ class ProbeClientSource(ThreadedSource):
             data = {"rank": c.rank, "device": _int(msg.get("device"))}
             for k in ("allocated", "reserved", "peak_allocated", "peak_reserved", "alloc_retries", "ooms"):
                 data[k] = _int(msg.get(k))
-            self._publish(KIND_PROBE_MEMORY, str(c.pid), data, self._t(c, mono))
+            self._publish_at(c, KIND_PROBE_MEMORY, data, mono)
         elif typ == wire.MSG_SYNCS:
             lines = []
             for item in (msg.get("lines") or [])[:10]:
                 if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _int(item[1]) is not None:
                     lines.append([item[0][:MAX_STR], item[1]])
-            self._publish(KIND_PROBE_SYNC, str(c.pid), {"rank": c.rank, "total": _int(msg.get("total")), "lines": lines},
-                          self._t(c, mono))
+            self._publish_at(c, KIND_PROBE_SYNC, {"rank": c.rank, "total": _int(msg.get("total")), "lines": lines}, mono)
         elif typ == wire.MSG_NOTE:
             text = _str(msg.get("text"))
             if text:
@@ -427,80 +473,23 @@ class ProbeClientSource(ThreadedSource):
             self._hook_problems.pop(c.pid, None)
         self._maybe_health()
 
-    def _step_data(self, c: _ProbeConn, w: dict) -> dict:
-        t0, t1 = _num(w.get("t0")), _num(w.get("t1"))
-        window_s = (t1 - t0) if (t0 is not None and t1 is not None and t1 > t0) else None
-        steps = _int(w.get("steps")) or 0
-        step_n = _int(w.get("step_n")) or 0
-        step_sum = _num(w.get("step_sum"))
-        mean = step_sum / step_n if (step_n and step_sum is not None) else None
-        wait = _num(w.get("step_wait"))
-        wait_ms = wait / step_n * 1000 if (step_n and wait is not None) else None
-        share = wait / step_sum if (wait is not None and step_sum) else None
-        gpu_n = _int(w.get("gpu_n")) or 0
-        gpu_sum = _num(w.get("gpu_sum"))
-        gpu_ms = gpu_sum / gpu_n * 1000 if (gpu_n and gpu_sum is not None) else None
-        step_ms = mean * 1000 if mean is not None else None
-        other_ms = None
-        if step_ms is not None and wait_ms is not None:
-            other_ms = max(0.0, step_ms - wait_ms - (gpu_ms or 0.0))
-        batches = _int(w.get("batches"))
-        samples = _int(w.get("samples"))
-        if _int(w.get("unsized")):
-            # Some batches had no tensor and the loader no batch_size: the count would be short.
-            samples = None
-        syncs = _int(w.get("step_syncs"))
-        top = w.get("sync_top") if isinstance(w.get("sync_top"), list) else []
-        top0 = top[0] if top and isinstance(top[0], list) and len(top[0]) == 2 else None
-        hist = w.get("step_hist") if isinstance(w.get("step_hist"), dict) else {}
-        hist = {str(k)[:8]: v for k, v in list(hist.items())[:200] if _int(v) is not None}
-
-        def per_s(n):
-            return _r(n / window_s) if (n is not None and window_s) else None
-
-        cpu, probe_cpu_pct = _num(w.get("probe_cpu_s")), None
-        if cpu is not None and t1 is not None:
-            if c.last_cpu is not None and t1 > c.last_cpu[1] and cpu >= c.last_cpu[0]:
-                probe_cpu_pct = _r((cpu - c.last_cpu[0]) / (t1 - c.last_cpu[1]) * 100, 3)
-            c.last_cpu = (cpu, t1)
-
-        return {
-            "rank": c.rank,
-            "window_s": _r(window_s),
-            "steps": steps,
-            "step_total": _int(w.get("step_total")),
-            "steps_per_s": per_s(steps),
-            "step_n": step_n,
-            "step_s_sum": _r(step_sum, 6),
-            "step_ms_mean": _r(step_ms),
-            "step_ms_p50": _r(_num(w.get("step_p50")) * 1000) if _num(w.get("step_p50")) is not None else None,
-            "step_ms_max": _r(_num(w.get("step_max")) * 1000) if _num(w.get("step_max")) is not None else None,
-            "step_hist": hist,
-            "data_wait_ms": _r(wait_ms),
-            "data_wait_s_sum": _r(wait, 6),
-            "data_wait_share": _r(share, 4),
-            "gpu_ms_mean": _r(gpu_ms),
-            "gpu_n": gpu_n,
-            "gpu_s_sum": _r(gpu_sum, 6),
-            "other_ms": _r(other_ms),
-            "batches": batches,
-            "batches_per_s": per_s(batches),
-            "samples": samples,
-            "samples_per_s": per_s(samples),
-            "batch_total": _int(w.get("batch_total")),
-            "sample_total": _int(w.get("sample_total")),
-            "step_batches": _int(w.get("step_batches")),
-            "step_samples": None if samples is None else _int(w.get("step_samples")),
-            "syncs": syncs,
-            "syncs_per_step": _r(syncs / step_n) if (syncs is not None and step_n) else None,
-            "sync_top": top0[0][:MAX_STR] if top0 and isinstance(top0[0], str) else None,
-            "sync_top_count": _int(top0[1]) if top0 else None,
-            "dropped": _int(w.get("dropped")),
-            "probe_cpu_pct": probe_cpu_pct,
-        }
-
     # -- health --------------------------------------------------------------------------------
     def _health(self) -> tuple[str, str, dict]:
+        state, message, extra = self._health_of_probes()
+        drops = {pid: d for pid, d in self._drops.items() if d.describe()}
+        if drops:
+            extra["dropped_msgs"] = sum(d.total() for d in drops.values())
+            extra["clamped_times"] = sum(d.clamped for d in drops.values())
+            recent = [pid for pid, d in drops.items() if time.monotonic() - d.at < DROPS_RECENT_S
+                      or (d.paused and pid in self._conns)]
+            if recent:
+                message += "; gputop refused part of what a probe sent (not what a gputop probe sends): " + \
+                    "; ".join(f"PID {pid}: {drops[pid].describe()}" for pid in sorted(recent))
+                if state == "ok":
+                    state = "degraded"
+        return state, message, extra
+
+    def _health_of_probes(self) -> tuple[str, str, dict]:
         with self._lock:
             conns = [c for c in self._conns.values() if c.hello is not None]
         extra = {"found": bool(conns), "probes": sorted(c.pid for c in conns),
@@ -536,6 +525,10 @@ class ProbeClientSource(ThreadedSource):
             pids = ", ".join(str(p) for p in sorted(self._detached))
             return "off", (f"the probe in PID {pids} detached (the process is exiting or stopped its probe); "
                            "waiting for a probe to come back"), extra
+        if self._closed_early:
+            where = "; ".join(f"PID {pid} ({path})" for pid, path in sorted(self._closed_early.items()))
+            return "off", (f"a probe listens in {where} but closed the connection before its hello: it has as many "
+                           "monitors as it takes (other gputops, or clients that do not read); retrying"), extra
         python = True
         try:
             python = self.target.is_python()

@@ -1,0 +1,126 @@
+"""What probe messages become: values checked and clipped (gputop/sources/probe_client.py).
+
+Nothing from a probe socket is trusted: every number is checked, every string clipped, every
+nested value bounded in depth and size.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_STR = 400
+
+
+def _num(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def _int(x) -> int | None:
+    if isinstance(x, bool) or not isinstance(x, int):
+        return None
+    return x
+
+
+def _str(x) -> str | None:
+    return x[:MAX_STR] if isinstance(x, str) else None
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _clean(v, depth: int = 0):
+    """A JSON value from a probe, made safe for a sample: bounded depth, sizes and strings."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, str):
+        return v[:MAX_STR]
+    if depth >= 4:
+        return None
+    if isinstance(v, list):
+        return [_clean(x, depth + 1) for x in v[:64]]
+    if isinstance(v, dict):
+        return {str(k)[:80]: _clean(x, depth + 1) for k, x in list(v.items())[:64]}
+    return None
+
+
+def step_data(c, w: dict) -> dict:
+    """A ``probe_step`` sample's data from a window message ``w`` of connection ``c`` (its
+    ``rank``, and ``last_cpu`` which this updates)."""
+    t0, t1 = _num(w.get("t0")), _num(w.get("t1"))
+    window_s = (t1 - t0) if (t0 is not None and t1 is not None and t1 > t0) else None
+    steps = _int(w.get("steps")) or 0
+    step_n = _int(w.get("step_n")) or 0
+    step_sum = _num(w.get("step_sum"))
+    mean = step_sum / step_n if (step_n and step_sum is not None) else None
+    wait = _num(w.get("step_wait"))
+    wait_ms = wait / step_n * 1000 if (step_n and wait is not None) else None
+    share = wait / step_sum if (wait is not None and step_sum) else None
+    gpu_n = _int(w.get("gpu_n")) or 0
+    gpu_sum = _num(w.get("gpu_sum"))
+    gpu_ms = gpu_sum / gpu_n * 1000 if (gpu_n and gpu_sum is not None) else None
+    step_ms = mean * 1000 if mean is not None else None
+    other_ms = None
+    if step_ms is not None and wait_ms is not None:
+        other_ms = max(0.0, step_ms - wait_ms - (gpu_ms or 0.0))
+    batches = _int(w.get("batches"))
+    samples = _int(w.get("samples"))
+    if _int(w.get("unsized")):
+        # Some batches had no tensor and the loader no batch_size: the count would be short.
+        samples = None
+    syncs = _int(w.get("step_syncs"))
+    top = w.get("sync_top") if isinstance(w.get("sync_top"), list) else []
+    top0 = top[0] if top and isinstance(top[0], list) and len(top[0]) == 2 else None
+    hist = w.get("step_hist") if isinstance(w.get("step_hist"), dict) else {}
+    hist = {str(k)[:8]: v for k, v in list(hist.items())[:200] if _int(v) is not None}
+
+    def per_s(n):
+        return _r(n / window_s) if (n is not None and window_s) else None
+
+    cpu, probe_cpu_pct = _num(w.get("probe_cpu_s")), None
+    if cpu is not None and t1 is not None:
+        if c.last_cpu is not None and t1 > c.last_cpu[1] and cpu >= c.last_cpu[0]:
+            probe_cpu_pct = _r((cpu - c.last_cpu[0]) / (t1 - c.last_cpu[1]) * 100, 3)
+        c.last_cpu = (cpu, t1)
+
+    return {
+        "rank": c.rank,
+        "window_s": _r(window_s),
+        "steps": steps,
+        "step_total": _int(w.get("step_total")),
+        "steps_per_s": per_s(steps),
+        "step_n": step_n,
+        "step_s_sum": _r(step_sum, 6),
+        "step_ms_mean": _r(step_ms),
+        "step_ms_p50": _r(_num(w.get("step_p50")) * 1000) if _num(w.get("step_p50")) is not None else None,
+        "step_ms_max": _r(_num(w.get("step_max")) * 1000) if _num(w.get("step_max")) is not None else None,
+        "step_hist": hist,
+        "data_wait_ms": _r(wait_ms),
+        "data_wait_s_sum": _r(wait, 6),
+        "data_wait_share": _r(share, 4),
+        "gpu_ms_mean": _r(gpu_ms),
+        "gpu_n": gpu_n,
+        "gpu_s_sum": _r(gpu_sum, 6),
+        "other_ms": _r(other_ms),
+        "batches": batches,
+        "batches_per_s": per_s(batches),
+        "samples": samples,
+        "samples_per_s": per_s(samples),
+        "batch_total": _int(w.get("batch_total")),
+        "sample_total": _int(w.get("sample_total")),
+        "step_batches": _int(w.get("step_batches")),
+        "step_samples": None if samples is None else _int(w.get("step_samples")),
+        "syncs": syncs,
+        "syncs_per_step": _r(syncs / step_n) if (syncs is not None and step_n) else None,
+        "sync_top": top0[0][:MAX_STR] if top0 and isinstance(top0[0], str) else None,
+        "sync_top_count": _int(top0[1]) if top0 else None,
+        "dropped": _int(w.get("dropped")),
+        "probe_cpu_pct": probe_cpu_pct,
+    }
