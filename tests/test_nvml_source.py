@@ -39,7 +39,8 @@ def _driver_present() -> bool:
 
 
 HAVE_DRIVER = _driver_present()
-no_driver = pytest.mark.skipif(HAVE_DRIVER, reason="an NVIDIA driver is installed: the no-driver path cannot happen here")
+no_driver = pytest.mark.skipif(HAVE_DRIVER,
+                               reason="an NVIDIA driver is installed: the no-driver path cannot happen here")
 needs_driver = pytest.mark.skipif(not HAVE_DRIVER, reason="no NVIDIA driver on this machine (run on the GPU machine)")
 
 

@@ -62,7 +62,8 @@ class SyncCapture:
                 p.set_hook("syncs", "off", "the job has not used CUDA yet")
                 return
             if mode != 0:
-                p.set_hook("syncs", "off", f"the job set torch.cuda.set_sync_debug_mode({mode}) itself: left alone, not counted")
+                p.set_hook("syncs", "off",
+                           f"the job set torch.cuda.set_sync_debug_mode({mode}) itself: left alone, not counted")
                 return
             self._put_sync_filter_first()
             self._we_set_sync_mode = True
@@ -217,7 +218,8 @@ class SyncCapture:
     def _first_matching_filter(self):
         for f in warnings.filters:
             _action, msg_re, cat, _mod, _line = f
-            if (msg_re is None or msg_re.match(SYNC_MESSAGE)) and isinstance(cat, type) and issubclass(UserWarning, cat):
+            if ((msg_re is None or msg_re.match(SYNC_MESSAGE)) and isinstance(cat, type)
+                    and issubclass(UserWarning, cat)):
                 return f
         return None
 

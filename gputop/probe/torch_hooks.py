@@ -83,7 +83,8 @@ class TorchHooks(SyncCapture):
             try:
                 fn()
             except Exception as e:  # an API that moved: skip the hook, say which
-                p.set_hook(name, "unavailable", f"could not install on torch {torch.__version__}: {type(e).__name__}: {e}")
+                p.set_hook(name, "unavailable",
+                           f"could not install on torch {torch.__version__}: {type(e).__name__}: {e}")
         # A CUDA build? (Never torch.cuda.is_available() here: it would initialise the driver in
         # a process that may fork DataLoader workers next; is_initialized() is a plain flag.)
         self.cuda_available = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
@@ -93,10 +94,13 @@ class TorchHooks(SyncCapture):
         else:
             p.set_hook("cuda_events", "off", "waiting for a monitor and for the job to use CUDA")
             if not hasattr(torch.cuda, "set_sync_debug_mode"):
-                p.set_hook("syncs", "unavailable", f"torch {torch.__version__} has no torch.cuda.set_sync_debug_mode (needs >= 1.10)")
-            elif not (callable(getattr(warnings, "_showwarnmsg", None)) and callable(getattr(warnings, "_add_filter", None))):
-                p.set_hook("syncs", "unavailable", f"Python {sys.version.split()[0]}'s warnings module has no _showwarnmsg/"
-                                                   "_add_filter: the probe cannot count syncs without risking the job's warnings")
+                p.set_hook("syncs", "unavailable",
+                           f"torch {torch.__version__} has no torch.cuda.set_sync_debug_mode (needs >= 1.10)")
+            elif not (callable(getattr(warnings, "_showwarnmsg", None))
+                      and callable(getattr(warnings, "_add_filter", None))):
+                p.set_hook("syncs", "unavailable",
+                           f"Python {sys.version.split()[0]}'s warnings module has no _showwarnmsg/"
+                           "_add_filter: the probe cannot count syncs without risking the job's warnings")
             else:
                 p.set_hook("syncs", "off", "waiting for a monitor and for the job to use CUDA")
 
@@ -210,7 +214,8 @@ class TorchHooks(SyncCapture):
             if hooks.amp_on:
                 try:
                     if getattr(ac, "_enabled", True):
-                        key = f"{getattr(ac, 'device', '?')}:{str(getattr(ac, 'fast_dtype', '?')).replace('torch.', '')}"
+                        dtype = str(getattr(ac, 'fast_dtype', '?')).replace('torch.', '')
+                        key = f"{getattr(ac, 'device', '?')}:{dtype}"
                         if key not in hooks.autocast and len(hooks.autocast) < 8:
                             hooks.autocast.add(key)
                             p.config_dirty = True
@@ -238,7 +243,8 @@ class TorchHooks(SyncCapture):
                     hooks.compile_count += 1
                     p.config_dirty = True
                     if len(hooks.compile_calls) < MAX_COMPILE_CALLS:
-                        hooks.compile_calls.append({"mode": kwargs.get("mode"), "backend": str(kwargs.get("backend", "inductor")),
+                        hooks.compile_calls.append({"mode": kwargs.get("mode"),
+                                                    "backend": str(kwargs.get("backend", "inductor")),
                                                     "fullgraph": bool(kwargs.get("fullgraph", False))})
                 except Exception as e:
                     p.hook_failed("compile", e)
