@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install gputop and its test dependencies into .venv, then run the whole test suite.
+# Install gputop and its test dependencies into .venv, then lint and run the whole test suite.
 # Extra arguments go to pytest (for example: bash scripts/test.sh -k recording).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,6 @@ if ! command -v prometheus >/dev/null 2>&1; then
     echo "scripts/test.sh: install Prometheus (Debian/Ubuntu: apt-get install prometheus) for the exporter test" >&2
   fi
 fi
+# Lint first (pyproject.toml's [tool.ruff]); set -e fails the run if it finds anything.
+ruff check gputop tests benchmarks scripts
 python -m pytest "$@"

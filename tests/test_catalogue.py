@@ -114,7 +114,7 @@ def test_catalogue_imports_without_pynvml_psutil_or_textual():
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import gputop.catalogue, gputop.model, gputop.sources\n"
-        "import gputop.sources.nvml_fields, gputop.sources.probe_fields, gputop.sources.host_fields\n"
+        "import gputop.sources.nvml_fields, gputop.sources.probe_fields, gputop.sources.host\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -39,7 +39,8 @@ def _driver_present() -> bool:
 
 
 HAVE_DRIVER = _driver_present()
-no_driver = pytest.mark.skipif(HAVE_DRIVER, reason="an NVIDIA driver is installed: the no-driver path cannot happen here")
+no_driver = pytest.mark.skipif(HAVE_DRIVER,
+                               reason="an NVIDIA driver is installed: the no-driver path cannot happen here")
 needs_driver = pytest.mark.skipif(not HAVE_DRIVER, reason="no NVIDIA driver on this machine (run on the GPU machine)")
 
 
@@ -131,7 +132,7 @@ def test_sampling_with_every_nvml_call_failing_gives_none_never_zero_or_an_excep
     # a GPU must all come back None, counted as transient errors, never raised, never 0.
     src = NvmlSource(SessionClock())
     got = Collect()
-    src._emit_fn = got
+    src._emit = got
     gpu = nvml._Gpu(0, nv.c_nvmlDevice_t())
     gpu.watched = True
     src._gpus = [gpu]

@@ -5,7 +5,6 @@ Importing this package must not need textual (a test enforces it).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 # Modules that export ``METRICS: list[MetricSpec]``, the fields the sources publish. A new source
@@ -16,9 +15,6 @@ SOURCE_MODULES = ("gputop.sources.nvml_fields", "gputop.sources.host", "gputop.s
 
 # And the processors' fields (imported by name, only when asked: a source never needs derive/).
 METRIC_MODULES = SOURCE_MODULES + ("gputop.derive.threads",)
-
-# Prometheus names for METRICS declared without them: module -> its table's module.
-_PROMETHEUS_TABLES = {"gputop.sources.host": "gputop.sources.host_fields"}
 
 
 def import_optional(name: str):
@@ -33,15 +29,9 @@ def import_optional(name: str):
 
 
 def module_specs(name: str) -> list:
-    """One module's METRICS, with the Prometheus names its table adds (see _PROMETHEUS_TABLES)."""
+    """One module's METRICS (empty when the module is not part of this build)."""
     mod = import_optional(name)
-    specs = list(getattr(mod, "METRICS", None) or []) if mod is not None else []
-    table_mod = _PROMETHEUS_TABLES.get(name)
-    if table_mod:
-        table = importlib.import_module(table_mod).PROMETHEUS
-        specs = [dataclasses.replace(m, prom=table[(m.kind, m.field)][0], prom_help=table[(m.kind, m.field)][1])
-                 if (m.kind, m.field) in table and not m.prom else m for m in specs]
-    return specs
+    return list(getattr(mod, "METRICS", None) or []) if mod is not None else []
 
 
 def metric_specs() -> list:

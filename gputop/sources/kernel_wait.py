@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import platform
 
+# The kind and the wait classes (in the column order of a thread_kernel row) live in the
+# catalogue; importable from here as before.
+from gputop.catalogue import KIND_THREAD_KERNEL, WAIT_CLASSES  # noqa: F401
 from gputop.sources.procfs import PythonInfo, read_schedstat, read_small, stat_state
 
-KIND_THREAD_KERNEL = "thread_kernel"  # one second of kernel wait states, one process: key = PID
 MAX_KERNEL_THREADS = 256      # threads read by the kernel sampler (main process first)
 
-# Wait classes of the kernel sampler, in the column order of a thread_kernel row.
-WAIT_CLASSES = ("run", "gil", "lock", "sleep", "poll", "io", "other")
 KERNEL_COLUMNS = ("tid", "name", *WAIT_CLASSES, "cpu_s", "runq_s", "span_s")
 
 # System call numbers (they differ per architecture). futex is what the GIL, locks and

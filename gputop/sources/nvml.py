@@ -21,6 +21,10 @@ Missing values are None, never 0. Why a value is missing is in the ``na`` dict o
 the ``health`` sample (transient errors, a lost GPU, sampling falling behind). No driver at all
 gives one ``health`` sample in state "failed"; nothing here raises for a machine problem.
 
+Where each part lives: this module (start-up, the fast loop, health, the Source protocol);
+nvml_gpu.py (per-GPU state, the fast loop's readings); gpm.py (GPM); nvml_slow.py (the slow
+loop); nvml_errors.py (NVML's errors in words); nvml_fields.py (the fields, without pynvml).
+
 docs/metrics.md ("GPU (NVML)") describes every field, its unit, the NVML call and its caveats.
 """
 
@@ -34,175 +38,38 @@ from collections import deque
 from typing import Any, Callable
 
 from gputop.model import (
-    HEALTH_DEGRADED, HEALTH_FAILED, HEALTH_OK, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH,
-    Sample, clean_float, health_data,
+    HEALTH_DEGRADED, HEALTH_FAILED, HEALTH_OK, KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, Sample, health_data,
 )
-from gputop.sources.nvml_fields import (  # noqa: F401  (re-exported: importers of the source's names)
+from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
+# Re-exported: importers of the source's names (tests, benchmarks, the UI's help) find them here.
+from gputop.sources.gpm import GPM_MIN_GAP_S, GpmGate, GpmReadings, _Gpm  # noqa: F401
+from gputop.sources.nvml_errors import (  # noqa: F401
+    NO_DRIVER_TAIL, _code, _err_code, init_failure_message, is_permanent, nv, nvml_reason,
+)
+from gputop.sources.nvml_fields import (  # noqa: F401
     CLOCK_EVENT_REASONS, CLOCK_EVENT_WORDS, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, GPU_FIELDS, METRICS, MIB,
     NVLINK_FIELDS, PCIE_FIELDS,
 )
-
-try:
-    import pynvml as nv
-except ImportError:  # a broken install: the source reports it instead of failing the import
-    nv = None
+from gputop.sources.nvml_gpu import CLOCK_EVENT_BITS, GpuReadings, _Gpu, decode_clock_events  # noqa: F401
+from gputop.sources.nvml_slow import SlowLoop, kbps_to_mibs  # noqa: F401
 
 NAME = "nvml"
 
-# nvml.h: the gap between two nvmlGpmSampleGet calls "should be greater than 100ms due to the
-# internal sample refresh rate". Closer gives SUCCESS with junk values, so this is a hard floor.
-GPM_MIN_GAP_S = 0.1
-
-# Jitter: gap = interval * (FLOOR + Exp(mean 1 - FLOOR)), capped at CAP * interval. The mean is
-# the interval (the cap trims it by e^-7 * 0.5 ≈ 0.05%), the floor bounds the sampling rate (and
-# so our CPU) at twice the nominal rate, and the exponential tail breaks any lock-step with a
-# periodic training loop.
+# Jitter: gap = interval * (FLOOR + Exp(mean 1 - FLOOR)), capped at CAP * interval (base.jittered).
+# The mean is the interval (the cap trims it by e^-7 * 0.5 ≈ 0.05%), the floor bounds the sampling
+# rate (and so our CPU) at twice the nominal rate, and the exponential tail breaks any lock-step
+# with a periodic training loop.
 JITTER_FLOOR = 0.5
 JITTER_CAP = 4.0
 
-HEALTH_EVERY_S = 5.0          # a health sample at least this often, so the store never loses it
 INFO_MIN_GAP_S = 1.0          # gpu_info re-emitted on change, at most this often per GPU
 STOP_JOIN_S = 2.0             # stop() waits this long for the threads
 
-NO_DRIVER_TAIL = "GPU panels are off; host and Python panels still work"
-
-
-# ---------------------------------------------------------------------------------------------
-# What we publish: the fields and clock-event reasons are in nvml_fields.py (no pynvml needed).
-
-def _bit(const: str, fallback: int) -> int:
-    return int(getattr(nv, const, fallback)) if nv is not None else fallback
-
-
-CLOCK_EVENT_BITS: tuple[tuple[int, str], ...] = tuple((_bit(c, v), name) for c, v, name, _ in CLOCK_EVENT_REASONS)
-
-
-def decode_clock_events(mask: int | None) -> list[str] | None:
-    """Bit mask of nvmlDeviceGetCurrentClocksEventReasons -> names, in bit order. Unknown bits
-    become "unknown_0x..." so nothing the driver says is dropped."""
-    if mask is None:
-        return None
-    mask = int(mask)
-    names = []
-    known = 0
-    for bit, name in CLOCK_EVENT_BITS:
-        known |= bit
-        if mask & bit:
-            names.append(name)
-    rest = mask & ~known
-    b = 1
-    while rest:
-        if rest & b:
-            names.append(f"unknown_{b:#x}")
-            rest &= ~b
-        b <<= 1
-    return names
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers (tested without a GPU)
 
 def jittered_gap(mean_s: float, rng: random.Random) -> float:
     """One sampling gap: mean ``mean_s``, never below JITTER_FLOOR * mean_s, never above
     JITTER_CAP * mean_s."""
-    tail_mean = (1.0 - JITTER_FLOOR) * mean_s
-    return min(JITTER_FLOOR * mean_s + rng.expovariate(1.0 / tail_mean), JITTER_CAP * mean_s)
-
-
-class GpmGate:
-    """Allows a GPM snapshot only when the previous one is at least GPM_MIN_GAP_S old."""
-
-    def __init__(self, min_gap_s: float = GPM_MIN_GAP_S) -> None:
-        self.min_gap_s = min_gap_s
-        self.last: float | None = None
-
-    def due(self, now: float) -> bool:
-        return self.last is None or now - self.last >= self.min_gap_s
-
-    def taken(self, now: float) -> None:
-        self.last = now
-
-
-def kbps_to_mibs(kb_per_s: float | None) -> float | None:
-    """nvmlDeviceGetPcieThroughput's "KB/s" -> MiB/s. NVML does not say whether KB is 1000 or
-    1024 bytes; a reading on the H200 matched GPM's MiB/s within ~1% taking KB = 1000 B."""
-    if kb_per_s is None:
-        return None
-    return clean_float(kb_per_s * 1000.0 / MIB, 1)
-
-
-def _err_code(exc: BaseException) -> int | None:
-    return getattr(exc, "value", None) if nv is not None and isinstance(exc, nv.NVMLError) else None
-
-
-def _code(name: str) -> int | None:
-    return getattr(nv, name, None) if nv is not None else None
-
-
-def _is_too_old(exc: BaseException) -> bool:
-    """The driver (or the bindings) lack this call or this struct version."""
-    if isinstance(exc, AttributeError):
-        return True
-    if nv is not None and isinstance(exc, nv.NVMLLibraryMismatchError):
-        return True
-    return _err_code(exc) in (_code("NVML_ERROR_FUNCTION_NOT_FOUND"), _code("NVML_ERROR_ARGUMENT_VERSION_MISMATCH"))
-
-
-def nvml_reason(exc: BaseException) -> str:
-    """A short phrase for why a value is missing (for gpu_info.na and health messages)."""
-    if isinstance(exc, AttributeError):
-        return "nvidia-ml-py too old"
-    if _is_too_old(exc):
-        return "driver too old"
-    code = _err_code(exc)
-    if code is None:
-        return f"{type(exc).__name__}: {exc}"[:120]
-    phrases = {
-        "NVML_ERROR_NOT_SUPPORTED": "not supported",
-        "NVML_ERROR_NO_PERMISSION": "no permission",
-        "NVML_ERROR_LIBRARY_NOT_FOUND": "no driver",
-        "NVML_ERROR_DRIVER_NOT_LOADED": "no driver",
-        "NVML_ERROR_GPU_IS_LOST": "GPU is lost",
-        "NVML_ERROR_NOT_FOUND": "not found",
-        "NVML_ERROR_INVALID_ARGUMENT": "not supported by this driver",
-        "NVML_ERROR_TIMEOUT": "timed out",
-        "NVML_ERROR_UNINITIALIZED": "NVML not initialised",
-        "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "driver/library version mismatch",
-        "NVML_ERROR_NO_DATA": "no data",
-        "NVML_ERROR_NOT_READY": "not ready",
-        "NVML_ERROR_INSUFFICIENT_POWER": "insufficient external power",
-        "NVML_ERROR_RESET_REQUIRED": "GPU needs a reset",
-        "NVML_ERROR_DEPRECATED": "removed from this driver",
-        "NVML_ERROR_UNKNOWN": "unknown NVML error",
-    }
-    for name, phrase in phrases.items():
-        if code == _code(name):
-            return phrase
-    return f"NVML error {code}"
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """Will asking again give a different answer? Permanent failures stop being asked for and
-    go into gpu_info.na; others are counted as transient errors in the health sample."""
-    if _is_too_old(exc):
-        return True
-    return _err_code(exc) in (_code("NVML_ERROR_NOT_SUPPORTED"), _code("NVML_ERROR_NO_PERMISSION"),
-                              _code("NVML_ERROR_INVALID_ARGUMENT"), _code("NVML_ERROR_DEPRECATED"))
-
-
-def init_failure_message(exc: BaseException) -> str:
-    """One line for the user when NVML cannot start at all."""
-    code = _err_code(exc)
-    if code == _code("NVML_ERROR_LIBRARY_NOT_FOUND"):
-        return f"no NVIDIA driver (libnvidia-ml.so.1 not found): {NO_DRIVER_TAIL}"
-    if code == _code("NVML_ERROR_DRIVER_NOT_LOADED"):
-        return f"NVIDIA driver not loaded (is the nvidia kernel module in?): {NO_DRIVER_TAIL}"
-    if code == _code("NVML_ERROR_LIB_RM_VERSION_MISMATCH"):
-        return ("NVIDIA driver and libnvidia-ml versions differ (driver upgraded without a reboot?): "
-                f"{NO_DRIVER_TAIL}")
-    if code == _code("NVML_ERROR_NO_PERMISSION"):
-        return f"no permission to use the NVIDIA driver (/dev/nvidia*): {NO_DRIVER_TAIL}"
-    return f"NVML could not start ({nvml_reason(exc)}): {NO_DRIVER_TAIL}"
+    return jittered(mean_s, rng, floor=JITTER_FLOOR, cap=JITTER_CAP)
 
 
 def _text(v: Any) -> str:
@@ -214,63 +81,15 @@ def _cuda_version(v: int | None) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-GPU state
+# The source: start-up, plumbing, the fast loop and health here; the GPU readings, GPM and the
+# slow loop are mixins (nvml_gpu.py, gpm.py, nvml_slow.py) that call this plumbing.
 
-class _Gpm:
-    """Two GPM snapshot buffers and one reusable request; values are over [previous, now]."""
-
-    def __init__(self, handle, metrics: list[tuple[str, int]]) -> None:
-        self.handle = handle
-        self.metrics = list(metrics)               # (field, metric id), shrinks when one fails for good
-        self.old = nv.nvmlGpmSampleAlloc()
-        try:
-            self.new = nv.nvmlGpmSampleAlloc()
-        except Exception:
-            nv.nvmlGpmSampleFree(self.old)
-            raise
-        self.req = nv.c_nvmlGpmMetricsGet_t()      # ~19 KB: allocate once, not per tick
-        self.gate = GpmGate()
-        self.t_old: float | None = None            # monotonic time of the snapshot in self.old
-
-    def free(self) -> None:
-        for buf in (self.old, self.new):
-            try:
-                nv.nvmlGpmSampleFree(buf)
-            except Exception:
-                pass
-
-
-class _Gpu:
-    def __init__(self, index: int, handle) -> None:
-        self.index = index
-        self.key = str(index)
-        self.handle = handle
-        self.info: dict = {"index": index}
-        self.na: dict[str, str] = {}              # field -> reason (permanent)
-        self.gpm: _Gpm | None = None
-        self.mem_version = 2                       # memory info v2, else v1
-        self.temp_v = True                         # nvmlDeviceGetTemperatureV, else the old call
-        self.events_new = True                     # ClocksEventReasons, else ClocksThrottleReasons
-        self.procs_v3 = True                       # ComputeRunningProcesses v3, else v2
-        self.power_limit_w: float | None = None
-        self.mem_total: int | None = None
-        self.pcie_pending: tuple[float | None, float | None] | None = None  # from the slow loop
-        self.proc_util_ts = 0
-        self.lost = False
-        self.watched = False
-        self.chosen_by = "all"
-        self.info_dirty = False
-        self.info_urgent = False                   # watched changed: publish without delay
-        self.info_sent_at = -math.inf
-
-
-# ---------------------------------------------------------------------------------------------
-# The source
-
-class NvmlSource:
-    """GPU counters through NVML. See the module docstring; the Source protocol is in model.py."""
+class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
+    """GPU counters through NVML. See the module docstring; the Source protocol is in model.py.
+    ThreadedSource's thread is the fast loop's; it starts the slow loop's own thread."""
 
     name = NAME
+    thread_name = "gputop-nvml-fast"
 
     def __init__(self, clock, target=None, gpu_indices: list[int] | None = None,
                  interval_s: float = 0.1, slow_interval_s: float = 1.0, time_calls: bool = False) -> None:
@@ -279,17 +98,16 @@ class NvmlSource:
         self.gpu_indices = sorted(set(gpu_indices)) if gpu_indices else None
         self.interval_s = max(0.02, float(interval_s))
         self.slow_interval_s = max(0.2, float(slow_interval_s))
-        self._emit_fn: Callable[[Sample], None] | None = None
-        self._stop = threading.Event()
+        self._init_thread()                        # _stop, _thread (the fast loop), _emit
+        self._emit: Callable[[Sample], None] | None = None
         self._lock = threading.Lock()
-        self._fast: threading.Thread | None = None
         self._slow: threading.Thread | None = None
         self._rng = random.Random()
         self._gpus: list[_Gpu] = []
         self._system: dict = {}
         self._state = "starting"
         self._health: tuple[str, str] | None = None
-        self._health_sent_at = -math.inf
+        self._heartbeat = Heartbeat(HEALTH_EVERY_S, at=-math.inf)
         self._health_checked_at = -math.inf
         self._recent_errors: deque[tuple[float, dict]] = deque()
         self._fixed_notes: list[str] = []          # bad --gpu indices and the like
@@ -301,17 +119,10 @@ class NvmlSource:
         self._timings: dict[str, deque] | None = {} if time_calls else None
 
     # -- Source protocol --------------------------------------------------------------------
-    def start(self, emit) -> None:
-        if self._fast is not None:
-            return
-        self._emit_fn = emit
-        self._fast = threading.Thread(target=self._fast_main, name="gputop-nvml-fast", daemon=True)
-        self._fast.start()
-
     def stop(self) -> None:
         self._stop.set()
-        for th in (self._fast, self._slow):
-            if th is not None and th is not threading.current_thread():
+        for th in (self._thread, self._slow):
+            if th is not None and th is not threading.current_thread():  # a subscriber may stop us
                 th.join(timeout=STOP_JOIN_S)
 
     def describe(self) -> dict:
@@ -351,15 +162,18 @@ class NvmlSource:
         return out
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _emit(self, kind: str, key: str, data: dict, t: float | None = None) -> None:
-        if self._emit_fn is None:
+    def _publish(self, kind: str, key: str, data: dict, t: float | None = None) -> None:
+        if self._emit is None:
             return
         try:
-            self._emit_fn(Sample(self.clock.now() if t is None else t, kind, key, data))
+            self._emit(Sample(self.clock.now() if t is None else t, kind, key, data))
         except Exception as e:  # a subscriber's bug must not stop the GPU sampling
             with self._lock:
                 k = (key, f"publishing {kind}", f"{type(e).__name__}: {e}"[:120])
                 self._transient[k] = self._transient.get(k, 0) + 1
+
+    def _gap(self, mean_s: float) -> float:
+        return jittered_gap(mean_s, self._rng)
 
     def _call(self, name: str, fn, *args, **kwargs):
         if self._timings is None:
@@ -413,7 +227,7 @@ class NvmlSource:
             return None
 
     # -- start-up ---------------------------------------------------------------------------
-    def _fast_main(self) -> None:
+    def _main(self) -> None:
         inited = False
         try:
             if nv is None:
@@ -443,7 +257,7 @@ class NvmlSource:
             self._health = (HEALTH_FAILED, message)
         while True:
             try:
-                self._emit(KIND_HEALTH, NAME, health_data(HEALTH_FAILED, message, None))
+                self._publish(KIND_HEALTH, NAME, health_data(HEALTH_FAILED, message, None))
             except Exception:
                 pass
             if self._stop.wait(HEALTH_EVERY_S):
@@ -575,224 +389,6 @@ class NvmlSource:
         self._setup_gpm(gpu, arch)
         info["gpm"] = gpu.gpm is not None
 
-    def _setup_gpm(self, gpu: _Gpu, arch: int | None) -> None:
-        if not hasattr(nv, "nvmlGpmQueryDeviceSupport") or not hasattr(nv, "c_nvmlGpmMetricsGet_t"):
-            self._set_na(gpu, GPM_FIELDS, "nvidia-ml-py too old for GPM")
-            return
-        try:
-            support = self._call("nvmlGpmQueryDeviceSupport", nv.nvmlGpmQueryDeviceSupport, gpu.handle)
-            supported = bool(support.isSupportedDevice)
-        except Exception as e:
-            reason = "driver too old for GPM" if _is_too_old(e) else f"GPM: {nvml_reason(e)}"
-            self._gpm_unavailable(gpu, reason)
-            return
-        if not supported:
-            hopper = getattr(nv, "NVML_DEVICE_ARCH_HOPPER", 9)
-            old = arch is not None and arch < hopper
-            self._gpm_unavailable(gpu, "GPM needs a Hopper or newer GPU" if old else "GPM not supported on this GPU")
-            return
-        metrics = []
-        for field, const in GPM_METRICS:
-            mid = getattr(nv, const, None)
-            if mid is None:
-                self._set_na(gpu, (field,), "nvidia-ml-py too old")
-            else:
-                metrics.append((field, int(mid)))
-        if not self._has_nvlink(gpu):
-            self._set_na(gpu, NVLINK_FIELDS, "no NVLink on this GPU")
-            metrics = [(f, m) for f, m in metrics if f not in NVLINK_FIELDS]
-        try:
-            gpm = _Gpm(gpu.handle, metrics)
-        except Exception as e:
-            self._gpm_unavailable(gpu, f"GPM: {nvml_reason(e)}")
-            return
-        gpu.gpm = gpm
-        self._gpm_snapshot(gpu, gpm, first=True)
-
-    def _gpm_unavailable(self, gpu: _Gpu, reason: str) -> None:
-        """Without GPM: the GPM-only fields are n/a; PCIe comes from the slow loop instead."""
-        self._set_na(gpu, [f for f in GPM_FIELDS if f not in PCIE_FIELDS], reason)
-        if not hasattr(nv, "nvmlDeviceGetPcieThroughput"):
-            self._set_na(gpu, PCIE_FIELDS, "nvidia-ml-py too old")
-
-    def _has_nvlink(self, gpu: _Gpu) -> bool:
-        """False only when NVML says so; if it cannot tell, ask GPM and trust its per-metric return."""
-        fid = getattr(nv, "NVML_FI_DEV_NVLINK_LINK_COUNT", None)
-        if fid is None or not hasattr(nv, "nvmlDeviceGetFieldValues"):
-            return True
-        try:
-            vals = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, gpu.handle, [fid])
-        except Exception:
-            return True
-        v = vals[0]
-        if v.nvmlReturn == _code("NVML_ERROR_NOT_SUPPORTED"):  # measured on the PCIe H200
-            return False
-        if v.nvmlReturn != 0:
-            return True
-        return int(v.value.uiVal) > 0
-
-    # -- readings ---------------------------------------------------------------------------
-    def _read_memory(self, gpu: _Gpu) -> tuple[int | None, int | None, int | None] | None:
-        """(total, used, reserved) in bytes; v2 separates reserved from used, v1 counts it as used."""
-        if "mem_used" in gpu.na or gpu.lost:
-            return None
-        if gpu.mem_version == 2 and hasattr(nv, "nvmlMemory_v2"):
-            try:
-                m = self._call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, gpu.handle,
-                               version=nv.nvmlMemory_v2)
-                return int(m.total), int(m.used), int(m.reserved)
-            except Exception as e:
-                if not _is_too_old(e):
-                    self._note_error(gpu, ("mem_used", "mem_reserved"), "nvmlDeviceGetMemoryInfo_v2", e)
-                    return None
-        gpu.mem_version = 1
-        if "mem_reserved" not in gpu.na:
-            self._set_na(gpu, ("mem_reserved",), "driver too old (mem_used includes reserved)")
-        m = self._read(gpu, ("mem_used",), "nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo)
-        return (int(m.total), int(m.used), None) if m is not None else None
-
-    def _read_temp(self, gpu: _Gpu) -> int | None:
-        if "temp_c" in gpu.na or gpu.lost:
-            return None
-        sensor = getattr(nv, "NVML_TEMPERATURE_GPU", 0)
-        if gpu.temp_v and hasattr(nv, "nvmlDeviceGetTemperatureV"):
-            try:
-                return int(self._call("nvmlDeviceGetTemperatureV", nv.nvmlDeviceGetTemperatureV, gpu.handle, sensor))
-            except Exception as e:
-                if not _is_too_old(e):
-                    self._note_error(gpu, ("temp_c",), "nvmlDeviceGetTemperatureV", e)
-                    return None
-        gpu.temp_v = False
-        v = self._read(gpu, ("temp_c",), "nvmlDeviceGetTemperature", nv.nvmlDeviceGetTemperature, sensor)
-        return None if v is None else int(v)
-
-    def _read_events(self, gpu: _Gpu) -> int | None:
-        if "clock_events" in gpu.na or gpu.lost:
-            return None
-        fields = ("clock_events", "clock_events_mask")
-        if gpu.events_new and hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):
-            try:
-                return int(self._call("nvmlDeviceGetCurrentClocksEventReasons",
-                                      nv.nvmlDeviceGetCurrentClocksEventReasons, gpu.handle))
-            except Exception as e:
-                if not _is_too_old(e):
-                    self._note_error(gpu, fields, "nvmlDeviceGetCurrentClocksEventReasons", e)
-                    return None
-        gpu.events_new = False
-        fn = getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-        if fn is None:
-            self._set_na(gpu, fields, "nvidia-ml-py too old")
-            return None
-        v = self._read(gpu, fields, "nvmlDeviceGetCurrentClocksThrottleReasons", fn)
-        return None if v is None else int(v)
-
-    def _read_power_limit(self, gpu: _Gpu) -> None:
-        v = self._read(gpu, ("power_limit_w",), "nvmlDeviceGetEnforcedPowerLimit", nv.nvmlDeviceGetEnforcedPowerLimit)
-        w = clean_float(v / 1000.0, 1) if v is not None else None
-        if w != gpu.power_limit_w:
-            gpu.power_limit_w = w
-            gpu.info["power_limit_w"] = w
-            gpu.info_dirty = True
-
-    def _gpm_snapshot(self, gpu: _Gpu, gpm: _Gpm, first: bool = False) -> float | None:
-        """Take a snapshot into gpm.new (or gpm.old at start): its monotonic time, or None when
-        it failed. The time is read right before the call, so the gate measures the real gap."""
-        buf = gpm.old if first else gpm.new
-        now = time.monotonic()
-        try:
-            self._call("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, gpu.handle, buf)
-        except Exception as e:
-            self._note_error(gpu, GPM_FIELDS, "nvmlGpmSampleGet", e)
-            if is_permanent(e):
-                gpm.free()
-                gpu.gpm = None
-                gpu.info["gpm"] = False
-                self._gpm_unavailable(gpu, f"GPM: {nvml_reason(e)}")
-            return None
-        gpm.gate.taken(now)
-        if first:
-            gpm.t_old = now
-        return now
-
-    def _read_gpm(self, gpu: _Gpu) -> dict | None:
-        """GPM values over [previous snapshot, now], or None when the previous one is too recent."""
-        gpm = gpu.gpm
-        if gpm is None or gpu.lost or not gpm.metrics:
-            return None
-        if gpm.t_old is None:  # no baseline yet (the first snapshot failed, or newly watched)
-            self._gpm_snapshot(gpu, gpm, first=True)
-            return None
-        if not gpm.gate.due(time.monotonic()):
-            return None
-        now = self._gpm_snapshot(gpu, gpm)
-        if now is None:
-            return None
-        req = gpm.req
-        req.version = nv.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(gpm.metrics)
-        req.sample1, req.sample2 = gpm.old, gpm.new
-        for i, (_, mid) in enumerate(gpm.metrics):
-            req.metrics[i].metricId = mid
-        window = now - gpm.t_old
-        gpm.old, gpm.new, gpm.t_old = gpm.new, gpm.old, now  # the new snapshot is the next baseline
-        try:
-            self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, req)
-        except Exception as e:
-            self._note_error(gpu, tuple(f for f, _ in gpm.metrics), "nvmlGpmMetricsGet", e)
-            return None
-        out: dict = {"gpm_window_s": clean_float(window, 3)}
-        dropped = []
-        for i, (field, _) in enumerate(gpm.metrics):
-            m = req.metrics[i]
-            if m.nvmlReturn != 0:
-                err = nv.NVMLError(m.nvmlReturn)
-                self._note_error(gpu, (field,), "nvmlGpmMetricsGet:" + field, err)
-                if is_permanent(err):
-                    dropped.append(field)
-                out[field] = None
-                continue
-            out[field] = clean_float(m.value, 2 if field in GPM_PERCENT_FIELDS else 1)
-        if dropped:
-            gpm.metrics = [(f, mid) for f, mid in gpm.metrics if f not in dropped]
-        return out
-
-    def _gpu_sample(self, gpu: _Gpu) -> dict:
-        util = self._read(gpu, ("util_gpu", "util_mem"), "nvmlDeviceGetUtilizationRates", nv.nvmlDeviceGetUtilizationRates)
-        mem = self._read_memory(gpu)
-        power = self._read(gpu, ("power_w",), "nvmlDeviceGetPowerUsage", nv.nvmlDeviceGetPowerUsage)
-        clk_sm = self._read(gpu, ("clock_sm_mhz",), "nvmlDeviceGetClockInfo", nv.nvmlDeviceGetClockInfo,
-                            getattr(nv, "NVML_CLOCK_SM", 1))
-        clk_mem = self._read(gpu, ("clock_mem_mhz",), "nvmlDeviceGetClockInfo", nv.nvmlDeviceGetClockInfo,
-                             getattr(nv, "NVML_CLOCK_MEM", 2))
-        temp = self._read_temp(gpu)
-        mask = self._read_events(gpu)
-        gpm = self._read_gpm(gpu)
-        data = {
-            "util_gpu": int(util.gpu) if util is not None else None,
-            "util_mem": int(util.memory) if util is not None else None,
-            "mem_used": mem[1] if mem else None,
-            "mem_total": mem[0] if mem else gpu.mem_total,
-            "mem_reserved": mem[2] if mem else None,
-            "power_w": clean_float(power / 1000.0, 1) if power is not None else None,
-            "power_limit_w": gpu.power_limit_w,
-            "clock_sm_mhz": clk_sm,
-            "clock_mem_mhz": clk_mem,
-            "temp_c": temp,
-            "clock_events": decode_clock_events(mask),
-            "clock_events_mask": mask,
-        }
-        for f in GPM_FIELDS:
-            data[f] = gpm.get(f) if gpm else None
-        data["gpm_window_s"] = gpm.get("gpm_window_s") if gpm else None
-        if gpu.gpm is None and gpu.pcie_pending is not None:
-            # Without GPM, PCIe rates come from the slow loop: each reading goes into exactly
-            # one fast sample, so statistics count it once.
-            with self._lock:
-                pending, gpu.pcie_pending = gpu.pcie_pending, None
-            if pending is not None:
-                data["pcie_tx_mibs"], data["pcie_rx_mibs"] = pending
-        return data
-
     # -- fast loop ----------------------------------------------------------------------------
     def _fast_loop(self) -> None:
         next_at = time.monotonic()
@@ -812,14 +408,14 @@ class NvmlSource:
                     continue
                 if gpu.lost:  # found out during this sample
                     continue
-                self._emit(KIND_GPU, gpu.key, data, t)
+                self._publish(KIND_GPU, gpu.key, data, t)
             self._ticks.append(start)
             for gpu in self._gpus:
                 if gpu.info_dirty:
                     self._emit_info(gpu, force=gpu.info_urgent)
             self._update_health()
             # No catch-up bursts after a stall: the next gap starts from now at the latest.
-            next_at = max(next_at, start) + jittered_gap(self.interval_s, self._rng)
+            next_at = max(next_at, start) + self._gap(self.interval_s)
             if next_at < time.monotonic():
                 next_at = time.monotonic()
 
@@ -839,7 +435,7 @@ class NvmlSource:
         for k in ("index", "name", "uuid", "pci_bus_id", "driver", "nvml_version", "cuda_driver", "mem_total",
                   "power_limit_w", "clock_sm_max_mhz", "clock_mem_max_mhz", "gpm"):
             data.setdefault(k, None)
-        self._emit(KIND_GPU_INFO, gpu.key, data)
+        self._publish(KIND_GPU_INFO, gpu.key, data)
 
     def _update_health(self, force: bool = False) -> None:
         """Re-evaluate about once a second; publish on change and at least every HEALTH_EVERY_S."""
@@ -876,12 +472,12 @@ class NvmlSource:
             problems.append(f"sampling slower than planned ({rate:g} of {nominal:g} Hz): the machine is busy")
         state = HEALTH_DEGRADED if problems else HEALTH_OK
         message = "; ".join(problems) if problems else self._ok_message(watched)
-        if not force and (state, message) == self._health and now - self._health_sent_at < HEALTH_EVERY_S:
+        if not self._heartbeat.due((state, message), now, force):
             return
         with self._lock:
             self._state, self._health = state, (state, message)
-            self._health_sent_at = now
-        self._emit(KIND_HEALTH, NAME, health_data(state, message, rate))
+            self._heartbeat.mark(self._health, now)
+        self._publish(KIND_HEALTH, NAME, health_data(state, message, rate))
 
     def _ok_message(self, watched: list[_Gpu]) -> str:
         if self.gpu_indices is not None:
@@ -896,135 +492,9 @@ class NvmlSource:
         no_gpm = [g for g in watched if g.gpm is None]
         if no_gpm:
             reason = no_gpm[0].na.get("sm_active", "unavailable")
-            msg += f"; GPM n/a on GPU {', '.join(str(g.index) for g in no_gpm)} ({reason}): no SM active/occupancy/tensor/DRAM"
+            msg += (f"; GPM n/a on GPU {', '.join(str(g.index) for g in no_gpm)} ({reason}): "
+                    "no SM active/occupancy/tensor/DRAM")
         return msg
-
-    # -- slow loop ----------------------------------------------------------------------------
-    def _slow_main(self) -> None:
-        while True:  # the first tick at once: the GPU choice and gpu_procs should not wait
-            try:
-                self._slow_tick()
-            except Exception as e:  # a bug of ours: report it, keep going
-                with self._lock:
-                    k = ("-", "slow loop", f"{type(e).__name__}: {e}"[:120])
-                    self._transient[k] = self._transient.get(k, 0) + 1
-            if self._stop.wait(jittered_gap(self.slow_interval_s, self._rng)):
-                return
-
-    def _tree_pids(self) -> set[int] | None:
-        if self.target is None:
-            return None
-        try:
-            return {p.pid for p in self.target.tree(max_age_s=1.0)}
-        except Exception:
-            return {self.target.pid}
-
-    def _running_procs(self, gpu: _Gpu) -> list | None:
-        """Compute processes on the GPU: v3, falling back to v2 on older drivers."""
-        if "proc_mem" in gpu.na or gpu.lost:
-            return None
-        if gpu.procs_v3:
-            try:
-                return self._call("nvmlDeviceGetComputeRunningProcesses", nv.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
-            except Exception as e:
-                if not _is_too_old(e) or not hasattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2"):
-                    self._note_error(gpu, ("proc_mem",), "nvmlDeviceGetComputeRunningProcesses", e)
-                    return None
-            gpu.procs_v3 = False
-        return self._read(gpu, ("proc_mem",), "nvmlDeviceGetComputeRunningProcesses_v2",
-                          nv.nvmlDeviceGetComputeRunningProcesses_v2)
-
-    def _proc_sm(self, gpu: _Gpu) -> tuple[dict[int, float], str | None]:
-        """Per-process SM % since the last read (time-based, like util_gpu), and why it is empty."""
-        if "proc_sm_pct" in gpu.na:
-            return {}, gpu.na["proc_sm_pct"]
-        since = gpu.proc_util_ts or int((time.time() - self.slow_interval_s) * 1e6)
-        try:
-            samples = self._call("nvmlDeviceGetProcessUtilization", nv.nvmlDeviceGetProcessUtilization, gpu.handle, since)
-        except Exception as e:
-            if _err_code(e) == _code("NVML_ERROR_NOT_FOUND"):
-                return {}, "no samples since the last read (no kernels ran?)"
-            self._note_error(gpu, ("proc_sm_pct",), "nvmlDeviceGetProcessUtilization", e)
-            return {}, nvml_reason(e)
-        acc: dict[int, list[float]] = {}
-        for s in samples:
-            gpu.proc_util_ts = max(gpu.proc_util_ts, int(s.timeStamp))
-            acc.setdefault(int(s.pid), []).append(float(s.smUtil))
-        return {pid: clean_float(sum(v) / len(v), 1) for pid, v in acc.items()}, None
-
-    def _slow_tick(self) -> None:
-        tree = self._tree_pids()
-        with self._lock:
-            gpus = list(self._gpus)
-        newly = []
-        for gpu in gpus:
-            if self._stop.is_set():
-                return
-            if gpu.lost or not (gpu.watched or self._auto):
-                continue
-            procs = self._running_procs(gpu)
-            if procs is None:
-                continue  # no sample rather than an empty list: gpu_info.na or health says why
-            mine: dict[int, int | None] = {}
-            other_pids: set[int] = set()
-            other_mem: int | None = 0
-            for p in procs:
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)  # None on Windows WDDM
-                if tree is None or pid in tree:
-                    # A process can be listed once per MIG instance: add up what is known.
-                    if pid not in mine or mine[pid] is None:
-                        mine[pid] = used
-                    elif used is not None:
-                        mine[pid] += used
-                else:
-                    other_pids.add(pid)
-                    other_mem = other_mem + used if (other_mem is not None and used is not None) else None
-            other_count = len(other_pids)
-            if self._auto and tree is not None and mine and gpu.chosen_by != "target":
-                newly.append(gpu)
-            if not gpu.watched and gpu not in newly:
-                continue
-            self._read_power_limit(gpu)
-            sm, sm_na = self._proc_sm(gpu) if mine else ({}, None)
-            data = {"procs": {str(pid): {"mem": mem, "sm_pct": sm.get(pid)} for pid, mem in sorted(mine.items())},
-                    "other_count": other_count, "other_mem": other_mem,
-                    "sm_na": sm_na}
-            self._emit(KIND_GPU_PROCS, gpu.key, data)
-            if gpu.gpm is None and "pcie_tx_mibs" not in gpu.na:
-                self._read_pcie(gpu)
-        if newly:
-            self._choose(newly)
-
-    def _choose(self, using: list[_Gpu]) -> None:
-        """The target runs on ``using``: watch those (and keep any chosen before)."""
-        with self._lock:
-            first = not self._target_seen
-            self._target_seen = True
-            for g in using:
-                if not g.watched and g.gpm is not None:
-                    g.gpm.t_old = None  # its GPM baseline is stale: the fast loop takes a new one
-                g.chosen_by = "target"
-                g.watched = True
-                g.info_dirty = g.info_urgent = True
-            if first:
-                for g in self._gpus:
-                    if g.chosen_by != "target" and g.watched:
-                        g.watched = False
-                        g.info_dirty = g.info_urgent = True
-            self._health_checked_at = -math.inf  # say which GPUs are watched now
-
-    def _read_pcie(self, gpu: _Gpu) -> None:
-        """nvmlDeviceGetPcieThroughput blocks ~20 ms per call (it counts bytes over 20 ms): only
-        here, at ~1 Hz, and only on GPUs without GPM."""
-        tx = self._read(gpu, PCIE_FIELDS, "nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput,
-                        nv.NVML_PCIE_UTIL_TX_BYTES)
-        rx = self._read(gpu, PCIE_FIELDS, "nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput,
-                        nv.NVML_PCIE_UTIL_RX_BYTES)
-        if tx is None and rx is None:
-            return
-        with self._lock:
-            gpu.pcie_pending = (kbps_to_mibs(tx), kbps_to_mibs(rx))
 
 
 def _bindings_version() -> str | None:

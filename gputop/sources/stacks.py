@@ -45,8 +45,9 @@ from gputop.sources.speedscope import (MAX_DEPTH, MAX_STACKS_PER_THREAD, SourceL
                                        fold_speedscope, run_lengths)
 from gputop.sources.target import dies_with_parent
 
-SOURCE_NAME = "stacks"
-KIND_STACKS = "stacks"                # one py-spy window, one process: key = PID
+from gputop.catalogue import KIND_STACKS, SOURCE_STACKS  # the kinds' home; KIND_STACKS importable here too
+
+SOURCE_NAME = SOURCE_STACKS
 
 DEFAULT_RATE_HZ = 20          # py-spy samples per second (benchmarks/stacks_overhead.py)
 DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole seconds)
