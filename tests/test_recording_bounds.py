@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import struct
 import subprocess
 import sys
 import time
 import zlib
 
-import pytest
 
 from gputop.model import Sample
 from gputop.session.recording import (

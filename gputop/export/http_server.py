@@ -41,9 +41,11 @@ def bind_problem(host: str, port: int, e: OSError) -> str:
     if isinstance(e, socket.gaierror):
         return f"{where}: unknown host {host!r}; use an address of this machine, 127.0.0.1 or 0.0.0.0"
     if e.errno == errno.EADDRINUSE:
-        return f"{where}: the port is already in use (another gputop or exporter?); choose another port with --prometheus"
+        return (f"{where}: the port is already in use (another gputop or exporter?); "
+                "choose another port with --prometheus")
     if e.errno == errno.EADDRNOTAVAIL:
-        return f"{where}: {host} is not an address of this machine; use 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)"
+        return (f"{where}: {host} is not an address of this machine; "
+                "use 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)")
     if e.errno == errno.EACCES:
         return f"{where}: permission denied (ports below 1024 need root); choose a port such as {DEFAULT_PORT}"
     return f"{where}: {e.strerror or e}"

@@ -40,6 +40,8 @@ from gputop.model import HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_HEALTH
 from gputop.sources import metric_specs
 from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, GPM_FIELDS
 from gputop.verdicts.registry import VERDICT_IDS
+from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH_EVERY_S, MAX_CONNECTIONS,
+                                      REQUEST_TIMEOUT_S, ServerCollector, bind_problem, listen)
 
 DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics name processes
 DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use by convention
@@ -472,9 +474,6 @@ def parse_address(text: str) -> tuple[str, int]:
         raise ValueError(f"--prometheus {text!r}: the host has a space in it")
     return host, n
 
-
-from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH_EVERY_S, MAX_CONNECTIONS,
-                                      REQUEST_TIMEOUT_S, ServerCollector, bind_problem, listen)
 
 
 class PrometheusExporter:

@@ -351,7 +351,9 @@ def _mmss(t: float | None) -> str:
     if t is None or not math.isfinite(t):
         return "?"
     t = max(t, 0.0)
-    return f"{int(t // 60)}:{int(t % 60):02d}" if t < 3600 else f"{int(t // 3600)}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}"
+    if t < 3600:
+        return f"{int(t // 60)}:{int(t % 60):02d}"
+    return f"{int(t // 3600)}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}"
 
 
 def damage_line(index: RecordingIndex) -> str | None:
@@ -362,7 +364,8 @@ def damage_line(index: RecordingIndex) -> str | None:
     d = parts[0]
     span = f" ({_mmss(d.t0)}-{_mmss(d.t1)})" if d.t0 is not None or d.t1 is not None else ""
     if len(parts) == 1:
-        lost = ": target, host and sources unknown" if d.what in ("metadata", "file header") and not index.has_meta else ""
+        meta_lost = d.what in ("metadata", "file header") and not index.has_meta
+        lost = ": target, host and sources unknown" if meta_lost else ""
         return f"1 {d.what} damaged at byte {d.offset}{span}: skipped{lost}"
     total = sum(p.length for p in parts)
     return f"{len(parts)} parts damaged ({total} bytes; the first at byte {d.offset}{span}): skipped"
