@@ -406,7 +406,7 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
     print(f"gputop: recorded to {record_path}", file=sys.stderr, flush=True)
     report = build_report(record_path)
     if a.json:
-        print(json.dumps(report, indent=2))
+        print(_report_json(report))
     else:
         sys.stdout.write(render_text(report))
     return 0
@@ -437,6 +437,13 @@ def cmd_replay(a) -> int:
         session.stop()
 
 
+def _report_json(report: dict) -> str:
+    """Strict JSON, whatever the recording held: no NaN/Infinity (json_safe makes them null)."""
+    from gputop.session.sanitize import json_safe
+
+    return json.dumps(json_safe(report), indent=2, allow_nan=False)
+
+
 def cmd_report(a) -> int:
     from gputop.report import build_report, render_text
     from gputop.session.recording import RecordingError
@@ -446,7 +453,7 @@ def cmd_report(a) -> int:
     except RecordingError as e:
         raise CliError(str(e)) from None
     if a.json:
-        print(json.dumps(report, indent=2))
+        print(_report_json(report))
     else:
         sys.stdout.write(render_text(report))
     return 0

@@ -20,6 +20,7 @@ from gputop.derive.stats import is_number, summarize
 from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
                           KIND_TARGET, MetricSpec, Sample)
 from gputop.session.recording import RecordingReader, damage_line
+from gputop.session.sanitize import BadValues, clean_meta, clean_series, json_safe, printable, printable_tree
 from gputop.sources import metric_specs
 
 REPORT_VERSION = 1
@@ -123,7 +124,10 @@ def _verdict_section(path: str) -> dict:
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:
-    """The report of a recording as a JSON-able dict. Raises RecordingError for bad files."""
+    """The report of a recording as a JSON-able dict. Raises RecordingError for bad files.
+
+    Every value is checked on the way in (session/sanitize.py): one of the wrong type or out of
+    range is None in the report, and ``session.bad_values`` says which fields and why."""
     specs = _specs_by_field()
     agg = _Agg()
     want_kinds = {k for s in SECTIONS for k in s.kinds}
@@ -137,11 +141,16 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     n_samples = 0
     t_first, t_last = math.inf, -math.inf
 
+    bad = BadValues()
     with RecordingReader(path) as reader:
-        meta = dict(reader.meta)
+        meta = clean_meta(reader.meta, bad)
         index = reader.index
         for ref in index.chunks:
-            for kind, key, ts, cols in reader.read_series(ref):
+            for series in reader.read_series(ref):
+                series = clean_series(*series, bad)
+                if series is None:
+                    continue
+                kind, key, ts, cols = series
                 n_samples += len(ts)
                 if ts:
                     t_first, t_last = min(t_first, ts[0], ts[-1]), max(t_last, ts[0], ts[-1])
@@ -175,7 +184,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "gputop_version": meta.get("gputop_version"),
             "format": meta.get("format"),
             "host": meta.get("host"),
-            "target": meta.get("target"),
+            "target": meta.get("target") if isinstance(meta.get("target"), dict) else None,
             "start_wall": start_wall,
             "start_iso": _iso(start_wall),
             "duration_s": round(duration, 3),
@@ -184,7 +193,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "truncated": truncated,
             "damaged": damaged,   # parts skipped: byte offset, length, what, why, time span
             "damage": damage,     # the same in one line, or None
-            "rates": {name: (src or {}).get("rates") for name, src in (meta.get("sources") or {}).items()
+            "rates": {name: src.get("rates") for name, src in (meta.get("sources") or {}).items()
                       if isinstance(src, dict) and src.get("rates")},
         },
         "sources": {k: {"state": v["state"], "message": v["message"],
@@ -196,7 +205,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     }
 
     for key in sorted({k for (kind, k) in agg.values if kind == KIND_GPU} | {k for (kind, k) in agg.last if kind == KIND_GPU_INFO},
-                      key=_num_key):
+                      key=_key_order):
         info = agg.last.get((KIND_GPU_INFO, key), {})
         rows = gpu_rows.get(key, 0)
         report["gpus"].append({
@@ -206,7 +215,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "driver": info.get("driver"),
             "watched": info.get("watched"),
             "gpm": info.get("gpm"),
-            "na": info.get("na") or {},
+            "na": info.get("na") if isinstance(info.get("na"), dict) else {},
             "metrics": _metrics(KIND_GPU, agg.values.get((KIND_GPU, key), {}), specs),
             "clock_events_share": {ev: round(n / rows, 4) for ev, n in sorted(clock_events.get(key, {}).items())} if rows else {},
         })
@@ -232,7 +241,8 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     if procs:
         procs.sort(key=lambda p: -(p["cpu_pct_mean"] or 0))
         host["processes"] = procs
-    target = agg.last.get((KIND_TARGET, str((meta.get("target") or {}).get("pid"))))
+    target_meta = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    target = agg.last.get((KIND_TARGET, str(target_meta.get("pid"))))
     if target:
         host["target_state"] = target.get("state")
     report["host"] = host
@@ -248,7 +258,9 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             got = {"error": f"{type(e).__name__}: {e}"}
         if got is not None:
             report[section.name] = got
-    return report
+    if bad:
+        report["session"]["bad_values"] = bad.summary()
+    return json_safe(report)
 
 
 def _num_key(key):
@@ -258,17 +270,26 @@ def _num_key(key):
         return key
 
 
+def _key_order(key) -> tuple:
+    """GPU keys in number order; a key that is not a number (a damaged file) after them."""
+    k = _num_key(key)
+    return (0, k, "") if isinstance(k, int) else (1, 0, str(k))
+
+
 def _iso(wall) -> str | None:
     if not is_number(wall):
         return None
-    return _dt.datetime.fromtimestamp(wall, _dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        return _dt.datetime.fromtimestamp(wall, _dt.timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Text rendering: plain text a person can paste into a ticket.
 
 def fmt_value(v, unit: str) -> str:
-    if v is None:
+    if not is_number(v) or not math.isfinite(v):
         return "n/a"
     if unit == "B":
         return fmt_bytes(v)
@@ -308,11 +329,25 @@ def _metric_table(metrics: dict, specs: dict, kind: str) -> list[str]:
     return out
 
 
+TEXT_STRING_MAX = 500   # a recorded string longer than this is cut, with an ellipsis, in the text
+
+
 def render_text(report: dict) -> str:
+    """The report as plain text. Recorded strings are made safe for a terminal first (control
+    characters and escape sequences written out, at most TEXT_STRING_MAX characters)."""
+    report = printable_tree(report, TEXT_STRING_MAX)
+    text = _render_text(report)
+    # A section's own text may format something that was not in the report: no control
+    # character reaches the terminal whatever it is.
+    return "\n".join(printable(line, 10 * TEXT_STRING_MAX) for line in text.split("\n"))
+
+
+def _render_text(report: dict) -> str:
     specs = _specs_by_field()
     s = report["session"]
-    target = s.get("target") or {}
-    cmd = " ".join(target.get("cmdline") or []) or target.get("name") or "?"
+    target = s.get("target") if isinstance(s.get("target"), dict) else {}
+    cmdline = target.get("cmdline") if isinstance(target.get("cmdline"), list) else []
+    cmd = printable(" ".join(str(c) for c in cmdline), TEXT_STRING_MAX) or target.get("name") or "?"
     lines = [
         f"gputop report — {s['file']}",
         f"  target   PID {target.get('pid', '?')}: {cmd}",
@@ -324,19 +359,22 @@ def render_text(report: dict) -> str:
                      "being written): it covers up to its last complete second")
     if s.get("damage"):
         lines.append(f"  damaged  {s['damage']}")
+    if s.get("bad_values"):
+        lines.append("  note     some recorded values are of the wrong type or out of range; they show as n/a:")
+        lines.extend(f"             {where}: {why}" for where, why in s["bad_values"].items())
     for name, h in report.get("sources", {}).items():
         if h["state"] != "ok":
-            lines.append(f"  source   {name}: {h['state']} — {h['message']}")
+            lines.append(f"  source   {name}: {h['state'] or 'n/a'} — {h['message']}")
     if "startup" in report or "budget" in report:
         from gputop.derive.budget_processor import render_budget_text
 
         lines.append("")
-        lines.extend(render_budget_text(report))
+        lines.extend(_guarded(render_budget_text, report, "time budget"))
     if "verdicts" in report:
         from gputop.verdicts.summary import render_verdicts_text
 
         lines.append("")
-        lines.extend(render_verdicts_text(report))
+        lines.extend(_guarded(render_verdicts_text, report, "verdicts"))
     for g in report["gpus"]:
         lines.append("")
         flag = "" if g.get("watched") in (None, True) else " (not used by the target)"
@@ -369,10 +407,17 @@ def render_text(report: dict) -> str:
         if sec.name in report:
             lines.append("")
             if sec.text:
-                lines.extend(sec.text(report[sec.name]))
+                lines.extend(_guarded(sec.text, report[sec.name], sec.name))
             else:
                 lines.append(f"{sec.name}: {report[sec.name]}")
     return "\n".join(lines) + "\n"
+
+
+def _guarded(render: Callable[[dict], list[str]], data: dict, name: str) -> list[str]:
+    try:
+        return list(render(data))
+    except Exception as e:  # one part's damaged data must not hide the rest of the report
+        return [f"{name}: cannot be shown ({type(e).__name__})"]
 
 
 # ---------------------------------------------------------------------------------------------

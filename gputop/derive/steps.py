@@ -27,7 +27,17 @@ CONFIG_FACTS = ("torch", "cuda", "cudnn", "device_name", "amp_autocast", "tf32_m
 def _n(v) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v) if math.isfinite(v) else None
+    try:
+        f = float(v)
+    except OverflowError:  # an int too big for a float (a damaged file)
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _int(v) -> int:
+    """A count from a window: 0 when it is missing or not a finite number."""
+    f = _n(v)
+    return 0 if f is None else int(v) if isinstance(v, int) else int(f)
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -55,7 +65,8 @@ def off_reason(config: dict | None, hook: str) -> str:
         return "no settings from the probe yet"
     if config.get("torch") is None:
         return str(config.get("torch_info") or "torch is not imported")
-    h = (config.get("hooks") or {}).get(hook)
+    hooks = config.get("hooks")
+    h = hooks.get(hook) if isinstance(hooks, dict) else None
     if isinstance(h, list) and len(h) == 2 and h[1]:
         return str(h[1])
     return "not measured"
@@ -205,9 +216,9 @@ def pool_steps(windows) -> StepPool:
     hist: dict[int, int] = {}
     step_max: float | None = None
     for s in windows:
-        n = int(s.get("step_n") or 0)
+        n = _int(s.get("step_n"))
         w = _n(s.get("window_s")) or 0.0
-        steps += int(s.get("steps") or 0)
+        steps += _int(s.get("steps"))
         timed += n
         step_s += _n(s.get("step_s_sum")) or 0.0
         observed += w
@@ -218,25 +229,25 @@ def pool_steps(windows) -> StepPool:
             if s.get("samples") is None:
                 samples = None
             elif samples is not None:
-                samples += int(s.get("samples") or 0)
+                samples += _int(s.get("samples"))
         dw = _n(s.get("data_wait_s_sum"))
         if dw is not None:
             wait = dw if wait is None else wait + dw
-        gpu_n += int(s.get("gpu_n") or 0)
+        gpu_n += _int(s.get("gpu_n"))
         gpu_s += _n(s.get("gpu_s_sum")) or 0.0
         if s.get("syncs") is not None:
-            syncs = (syncs or 0) + int(s.get("syncs") or 0)
+            syncs = (syncs or 0) + _int(s.get("syncs"))
             sync_steps += n
-        batches += int(s.get("batches") or 0)
+        batches += _int(s.get("batches"))
         if s.get("step_batches") is not None:
-            step_batches = (step_batches or 0) + int(s.get("step_batches") or 0)
-        step_samples += int(s.get("step_samples") or 0)
+            step_batches = (step_batches or 0) + _int(s.get("step_batches"))
+        step_samples += _int(s.get("step_samples"))
         h = s.get("step_hist")
         if isinstance(h, dict):
             for b, c in h.items():
                 try:
                     hist[int(b)] = hist.get(int(b), 0) + int(c)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     continue
         mx = _n(s.get("step_ms_max"))
         if mx is not None and (step_max is None or mx > step_max):
@@ -347,7 +358,7 @@ REPORT_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROB
 
 
 def _fmt(v, unit: str = "", nd: int = 1) -> str:
-    return "n/a" if v is None else f"{v:.{nd}f}{unit}"
+    return "n/a" if _n(v) is None else f"{v:.{nd}f}{unit}"
 
 
 def report_lines(section: dict) -> list[str]:
@@ -373,24 +384,26 @@ def report_lines(section: dict) -> list[str]:
         out.append(f"  data: {_fmt(r['batches_per_s'], ' batches/s', 1)}{samples}")
         if r["syncs_per_step"] is not None:
             top = r["sync_lines"][0] if r["sync_lines"] else None
+            if not (isinstance(top, list) and len(top) >= 2):
+                top = None  # not the [line, count] pair the probe writes
             out.append(f"  syncs: {_fmt(r['syncs_per_step'], '/step', 2)}"
                        + (f", most at {top[0]} ({top[1]}x)" if top else ""))
         else:
             out.append(f"  syncs: n/a ({r['sync_info']})")
         cfg = r.get("config") or {}
-        loaders = cfg.get("loaders") or []
-        for ld in loaders[:2]:
+        loaders = cfg.get("loaders") if isinstance(cfg.get("loaders"), list) else []
+        for ld in [ld for ld in loaders if isinstance(ld, dict)][:2]:
             out.append(f"  DataLoader: batch_size {ld.get('batch_size')}, num_workers {ld.get('num_workers')}, "
                        f"pin_memory {ld.get('pin_memory')}, prefetch_factor {ld.get('prefetch_factor')}, "
                        f"persistent_workers {ld.get('persistent_workers')}")
         facts = []
-        if cfg.get("amp_autocast"):
-            facts.append("AMP " + ",".join(cfg["amp_autocast"]))
+        if cfg.get("amp_autocast") and isinstance(cfg["amp_autocast"], list):
+            facts.append("AMP " + ",".join(str(a) for a in cfg["amp_autocast"]))
         if cfg.get("tf32_matmul") is not None:
             facts.append(f"TF32 matmul {'on' if cfg['tf32_matmul'] else 'off'}")
         if cfg.get("cudnn_benchmark") is not None:
             facts.append(f"cudnn.benchmark {'on' if cfg['cudnn_benchmark'] else 'off'}")
-        comp = cfg.get("compile") or {}
+        comp = cfg.get("compile") if isinstance(cfg.get("compile"), dict) else {}
         if comp.get("calls"):
             facts.append(f"torch.compile x{comp['calls']}")
         if cfg.get("cuda_launch_blocking") not in (None, ""):

@@ -20,6 +20,7 @@ from collections import OrderedDict
 
 from gputop.model import Sample
 from gputop.session.recording import CHUNK_SLACK_S, ChunkRef, RecordingError, RecordingReader, damage_line
+from gputop.session.sanitize import clean_meta, clean_samples
 from gputop.session.session import Processor, run_processor
 from gputop.session.store import Bus, SampleStore
 
@@ -33,7 +34,7 @@ class ReplaySession:
                  seek_window_s: float = 120.0, start_playing: bool = True,
                  clock=time.monotonic) -> None:
         self.reader = RecordingReader(path)
-        self.meta = dict(self.reader.meta)
+        self.meta = clean_meta(self.reader.meta)   # wrong types become n/a here, once (sanitize.py)
         self.processors = list(processors or [])
         self._derived_kinds = {k for p in self.processors for k in p.produces}
         self.bus = Bus()
@@ -150,7 +151,7 @@ class ReplaySession:
         self.reader.close()
 
     def describe_sources(self) -> dict:
-        return dict(self.meta.get("sources", {}))
+        return dict(self.meta.get("sources") or {})
 
     @property
     def derived_kinds(self) -> frozenset[str]:
@@ -221,7 +222,7 @@ class ReplaySession:
         got = self._cache.get(ref.offset)
         if got is None:
             try:
-                got = self.reader.read_chunk(ref)
+                got = clean_samples(self.reader.read_chunk(ref))
             except RecordingError as e:  # a per-file bound: say it, play nothing further
                 self._stop_on(e)
                 self.reader.index.bad_chunks.add(ref.offset)

@@ -91,7 +91,10 @@ def _evidence_summary(rows: list[dict]) -> dict:
     for r in rows:
         for k, v in r.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                nums[k].append(float(v))
+                try:
+                    nums[k].append(float(v))
+                except OverflowError:  # an int too big for a float: not a measurement
+                    continue
             elif v is not None:
                 out[k] = v
     for k, vs in nums.items():
@@ -113,7 +116,7 @@ def render_verdicts_text(section: dict) -> list[str]:
         lines.append(f"           try: {p['advice']}")
     others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
     for vid, v in sorted(others, key=lambda kv: -kv[1]["active_share"]):
-        lines.append(f"  {v['severity']:<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
+        lines.append(f"  {v['severity'] or '?':<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
                      f"of the judged time; {v.get('summary') or ''}")
     if section.get("first_verdict_s") is not None:
         lines.append(f"  first verdict {section['first_verdict_s']:.1f} s after the session started")
