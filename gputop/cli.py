@@ -19,6 +19,8 @@ import gputop
 
 EPILOG = """\
 examples:
+  gputop                              pick a process to watch (GPU and Python
+                                      processes; without a terminal: the list)
   gputop --pid 1234                   watch a running training process
   gputop --pid 1234 --record r.gtrec  ... and record the session to r.gtrec
   gputop --pid 1234 --headless --duration 60
@@ -595,6 +597,19 @@ def cmd_run(a, parent_argv) -> int:
     return _watch_child(cmd, a, parent_argv, what="run", stop_with=a.stop_with_gputop)
 
 
+def _pick_pid(a) -> int | None:
+    """No --pid: in a terminal, the picker (None if the user quits); else the list and exit 2."""
+    if a.headless or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        from gputop.sources.candidates import find_candidates, format_list
+
+        sys.stdout.write(format_list(find_candidates()))
+        raise UsageError("nothing to watch: give --pid PID (candidates above), or a command "
+                         "(demo, run, replay, report); see gputop --help")
+    from gputop.ui.picker import pick_process
+
+    return pick_process()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -612,8 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "run":
             return cmd_run(a, argv)
         if a.pid is None:
-            raise UsageError("nothing to watch: give --pid PID, or a command (demo, run, replay, report); "
-                             "see gputop --help")
+            a.pid = _pick_pid(a)
+            if a.pid is None:
+                return 0
         _check_attach_args(a)
         return attach(a.pid, a, argv)
     except UsageError as e:
