@@ -29,6 +29,8 @@ examples:
   gputop replay r.gtrec               replay a recording in the same UI
   gputop report r.gtrec [--json]      summarise a recording
   gputop demo                         a bundled workload, watched live
+  gputop demo --replay                the GPU panels without a GPU: a bundled
+                                      recording of an H200, replayed
   gputop COMMAND --help               more on one command, with examples
 
 keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
@@ -39,6 +41,8 @@ keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
 
 exit status: 0 done, 1 failed at run time (no such process, unreadable
 file, ...), 2 bad command line (one line says what), 130 interrupted.
+
+docs (every metric, verdict and the report's JSON): {docs}
 """
 
 RUN_EPILOG = """\
@@ -76,10 +80,15 @@ The workload is gputop's own and always stops with gputop. Its output
 passes through with --headless; with the UI it goes to a log:
   {state}/logs/demo-PID-DATE.log
 
+--replay plays a recording of a real session on an H200, bundled with
+gputop: the GPU panels on a machine without a GPU (no workload starts).
+
 examples:
   gputop demo                             the default workload, in the UI
-  gputop demo --list                      the scenarios
+  gputop demo --list                      the scenarios and recordings
   gputop demo --scenario python --headless --duration 10
+  gputop demo --replay                    replay the gpu_bound recording
+  gputop demo --replay input_bound --headless   its report, no UI
 """
 
 REPLAY_EPILOG = """\
@@ -164,6 +173,12 @@ def _state_for_help() -> str:
     return "~" + base[len(home):] if home not in ("", "/") and base.startswith(home + os.sep) else base
 
 
+def _docs_for_help() -> str:
+    from gputop.demo.bundled import docs_dir
+
+    return docs_dir() or "docs/ in gputop's source tree (the clone it was installed from)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     state = _state_for_help()
     raw = argparse.RawDescriptionHelpFormatter
@@ -171,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gputop",
         description="Why is my training job slow? Live GPU counters, Python stacks and step\n"
                     "timings, fused into bottleneck verdicts.",
-        epilog=EPILOG.format(state=state), formatter_class=raw)
+        epilog=EPILOG.format(state=state, docs=_docs_for_help()), formatter_class=raw)
     p.add_argument("--version", action="version", version=f"gputop {gputop.__version__}")
     p.add_argument("--pid", type=_pid_arg, metavar="PID",
                    help="the process to watch (a training script or launcher)")
@@ -194,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start a bundled training workload as a child process and watch it.",
                        epilog=DEMO_EPILOG.format(state=state), formatter_class=raw)
     d.add_argument("--scenario", default="default", help="which workload (see --list)")
-    d.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    d.add_argument("--list", action="store_true", help="list the scenarios and recordings, and exit")
+    d.add_argument("--replay", nargs="?", const="", metavar="NAME",
+                   help="replay a bundled H200 recording instead (default gpu_bound; --list "
+                        "names them); with --headless print its report")
     _add_attach_options(d)
     d.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
 
@@ -554,7 +572,12 @@ def cmd_demo(a, parent_argv) -> int:
             need = " (needs a GPU)" if sc.needs_gpu else ""
             expect = f" -> {sc.expect}" if sc.expect else ""
             print(f"{name:<22} {sc.about}{need}{expect}")
+        from gputop.demo.bundled import list_text
+
+        sys.stdout.write(list_text())
         return 0
+    if a.replay is not None:
+        return _demo_replay(a)
     if a.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
     if a.scenario not in NO_TORCH and not _torch_installed():
@@ -572,6 +595,26 @@ def cmd_demo(a, parent_argv) -> int:
                        f"try one of {cpu_ok}")
     argv = [sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario]
     return _watch_child(argv, a, parent_argv, what="demo", stop_with=True)
+
+
+def _demo_replay(a) -> int:
+    """--replay [NAME]: the bundled recording in the replay UI, or with --headless its report."""
+    from gputop.demo.bundled import RecordingNotFound, find_recording
+
+    given = [o for o, v in (("--scenario", a.scenario != "default"), ("--duration", a.duration is not None),
+                            ("--record", a.record), ("--prometheus", a.prometheus)) if v]
+    if given:
+        raise UsageError(f"{given[0]} does not go with --replay (it replays a recording)")
+    if a.json and not a.headless:
+        raise UsageError("--json only applies with --headless")
+    try:
+        path = find_recording(a.replay or None)
+    except RecordingNotFound as e:
+        raise UsageError(str(e)) from None
+    if not a.headless and not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise CliError("no terminal here (stdin/stdout is not a TTY): add --headless for its report")
+    rec = argparse.Namespace(file=path, json=a.json, speed=1.0, paused=False)
+    return cmd_report(rec) if a.headless else cmd_replay(rec)
 
 
 def _nvidia_gpu_count() -> int:
