@@ -404,7 +404,9 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
 
     # SIGHUP: a closed SSH session ends the session as cleanly as a kill does (end frame, report).
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    print(f"gputop: watching PID {target.pid} ({target.command[:80]}) for {a.duration:g} s, "
+    from gputop.sources.candidates import one_line
+
+    print(f"gputop: watching PID {target.pid} ({one_line(target.command, 80)}) for {a.duration:g} s, "
           f"recording to {record_path}", file=sys.stderr, flush=True)
     deadline = time.monotonic() + a.duration
     exited_at = None

@@ -21,6 +21,7 @@ from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_
                           KIND_TARGET, MetricSpec, Sample)
 from gputop.session.recording import RecordingReader, damage_line
 from gputop.sources import metric_specs
+from gputop.sources.candidates import one_line
 
 REPORT_VERSION = 1
 
@@ -308,11 +309,26 @@ def _metric_table(metrics: dict, specs: dict, kind: str) -> list[str]:
     return out
 
 
+# The target tree's rows are sums over its processes, not catalogue fields: their labels here.
+TREE_SPECS = {(KIND_PROC, f): MetricSpec(KIND_PROC, f, u, label, "") for f, u, label in (
+    ("cpu_pct", "%", "CPU (100% = 1 core)"), ("rss", "B", "memory (RSS)"), ("processes", "", "process count"))}
+
+
+def _explained(metrics: dict, specs: dict, kind: str, prefixes: tuple[str, ...]) -> list[str]:
+    """What the terse rows mean (stall, cgroup), in the catalogue's words, below their table."""
+    out = []
+    for name in metrics:
+        spec = specs.get((kind, name))
+        if spec is not None and spec.help and name.startswith(prefixes):
+            out.append(f"    {spec.label}: {spec.help}")
+    return ["  what these rows mean:", *out] if out else []
+
+
 def render_text(report: dict) -> str:
     specs = _specs_by_field()
     s = report["session"]
     target = s.get("target") or {}
-    cmd = " ".join(target.get("cmdline") or []) or target.get("name") or "?"
+    cmd = one_line(target.get("cmdline") or [], 2000) or target.get("name") or "?"  # a -c script's newlines
     lines = [
         f"gputop report — {s['file']}",
         f"  target   PID {target.get('pid', '?')}: {cmd}",
@@ -352,10 +368,11 @@ def render_text(report: dict) -> str:
         lines.append("")
         lines.append("Host")
         lines.extend(_metric_table(host["system"]["metrics"], specs, KIND_SYSTEM))
+        lines.extend(_explained(host["system"]["metrics"], specs, KIND_SYSTEM, ("psi_", "cgroup_")))
     if "target_tree" in host:
         lines.append("")
         lines.append("Target process tree (sum over processes)")
-        lines.extend(_metric_table(host["target_tree"]["metrics"], {}, KIND_PROC))
+        lines.extend(_metric_table(host["target_tree"]["metrics"], TREE_SPECS, KIND_PROC))
     if host.get("processes"):
         lines.append("")
         lines.append(f"  {'pid':>7}  {'role':<18} {'name':<16} {'cpu mean':>9} {'cpu max':>8} {'rss max':>10}")

@@ -78,12 +78,16 @@ def _has_probe(pid: int, uid: int, env: dict | None) -> bool:
     return False
 
 
-def one_line(cmdline: list[str], limit: int = 300) -> str:
+def one_line(cmdline: list[str] | str, limit: int = 300) -> str:
     """A command line for one line of text: control characters (a `-c` script's newlines) as
-    spaces, runs of spaces folded, cut at ``limit`` with an ellipsis."""
-    text = " ".join(cmdline)
+    spaces, runs of spaces folded; longer than ``limit``: cut between words where one ends in
+    the last third, with an ellipsis."""
+    text = cmdline if isinstance(cmdline, str) else " ".join(cmdline)
     text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return (text[:cut] if cut >= limit * 2 // 3 else text[: limit - 1]) + "…"
 
 
 def find_candidates(exclude: set[int] | None = None) -> Candidates:
