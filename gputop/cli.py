@@ -19,6 +19,8 @@ import gputop
 
 EPILOG = """\
 examples:
+  gputop                              pick a process to watch (GPU and Python
+                                      processes; without a terminal: the list)
   gputop --pid 1234                   watch a running training process
   gputop --pid 1234 --record r.gtrec  ... and record the session to r.gtrec
   gputop --pid 1234 --headless --duration 60
@@ -27,6 +29,8 @@ examples:
   gputop replay r.gtrec               replay a recording in the same UI
   gputop report r.gtrec [--json]      summarise a recording
   gputop demo                         a bundled workload, watched live
+  gputop demo --replay                the GPU panels without a GPU: a bundled
+                                      recording of an H200, replayed
   gputop COMMAND --help               more on one command, with examples
 
 keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
@@ -37,6 +41,8 @@ keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
 
 exit status: 0 done, 1 failed at run time (no such process, unreadable
 file, ...), 2 bad command line (one line says what), 130 interrupted.
+
+docs (every metric, verdict and the report's JSON): {docs}
 """
 
 RUN_EPILOG = """\
@@ -74,10 +80,15 @@ The workload is gputop's own and always stops with gputop. Its output
 passes through with --headless; with the UI it goes to a log:
   {state}/logs/demo-PID-DATE.log
 
+--replay plays a recording of a real session on an H200, bundled with
+gputop: the GPU panels on a machine without a GPU (no workload starts).
+
 examples:
   gputop demo                             the default workload, in the UI
-  gputop demo --list                      the scenarios
+  gputop demo --list                      the scenarios and recordings
   gputop demo --scenario python --headless --duration 10
+  gputop demo --replay                    replay the gpu_bound recording
+  gputop demo --replay input_bound --headless   its report, no UI
 """
 
 REPLAY_EPILOG = """\
@@ -162,6 +173,12 @@ def _state_for_help() -> str:
     return "~" + base[len(home):] if home not in ("", "/") and base.startswith(home + os.sep) else base
 
 
+def _docs_for_help() -> str:
+    from gputop.demo.bundled import docs_dir
+
+    return docs_dir() or "docs/ in gputop's source tree (the clone it was installed from)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     state = _state_for_help()
     raw = argparse.RawDescriptionHelpFormatter
@@ -169,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gputop",
         description="Why is my training job slow? Live GPU counters, Python stacks and step\n"
                     "timings, fused into bottleneck verdicts.",
-        epilog=EPILOG.format(state=state), formatter_class=raw)
+        epilog=EPILOG.format(state=state, docs=_docs_for_help()), formatter_class=raw)
     p.add_argument("--version", action="version", version=f"gputop {gputop.__version__}")
     p.add_argument("--pid", type=_pid_arg, metavar="PID",
                    help="the process to watch (a training script or launcher)")
@@ -192,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start a bundled training workload as a child process and watch it.",
                        epilog=DEMO_EPILOG.format(state=state), formatter_class=raw)
     d.add_argument("--scenario", default="default", help="which workload (see --list)")
-    d.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    d.add_argument("--list", action="store_true", help="list the scenarios and recordings, and exit")
+    d.add_argument("--replay", nargs="?", const="", metavar="NAME",
+                   help="replay a bundled H200 recording instead (default gpu_bound; --list "
+                        "names them); with --headless print its report")
     _add_attach_options(d)
     d.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
 
@@ -384,7 +404,9 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
 
     # SIGHUP: a closed SSH session ends the session as cleanly as a kill does (end frame, report).
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    print(f"gputop: watching PID {target.pid} ({target.command[:80]}) for {a.duration:g} s, "
+    from gputop.sources.candidates import one_line
+
+    print(f"gputop: watching PID {target.pid} ({one_line(target.command, 80)}) for {a.duration:g} s, "
           f"recording to {record_path}", file=sys.stderr, flush=True)
     deadline = time.monotonic() + a.duration
     exited_at = None
@@ -559,7 +581,12 @@ def cmd_demo(a, parent_argv) -> int:
             need = " (needs a GPU)" if sc.needs_gpu else ""
             expect = f" -> {sc.expect}" if sc.expect else ""
             print(f"{name:<22} {sc.about}{need}{expect}")
+        from gputop.demo.bundled import list_text
+
+        sys.stdout.write(list_text())
         return 0
+    if a.replay is not None:
+        return _demo_replay(a)
     if a.scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
     if a.scenario not in NO_TORCH and not _torch_installed():
@@ -577,6 +604,26 @@ def cmd_demo(a, parent_argv) -> int:
                        f"try one of {cpu_ok}")
     argv = [sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario]
     return _watch_child(argv, a, parent_argv, what="demo", stop_with=True)
+
+
+def _demo_replay(a) -> int:
+    """--replay [NAME]: the bundled recording in the replay UI, or with --headless its report."""
+    from gputop.demo.bundled import RecordingNotFound, find_recording
+
+    given = [o for o, v in (("--scenario", a.scenario != "default"), ("--duration", a.duration is not None),
+                            ("--record", a.record), ("--prometheus", a.prometheus)) if v]
+    if given:
+        raise UsageError(f"{given[0]} does not go with --replay (it replays a recording)")
+    if a.json and not a.headless:
+        raise UsageError("--json only applies with --headless")
+    try:
+        path = find_recording(a.replay or None)
+    except RecordingNotFound as e:
+        raise UsageError(str(e)) from None
+    if not a.headless and not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise CliError("no terminal here (stdin/stdout is not a TTY): add --headless for its report")
+    rec = argparse.Namespace(file=path, json=a.json, speed=1.0, paused=False)
+    return cmd_report(rec) if a.headless else cmd_replay(rec)
 
 
 def _nvidia_gpu_count() -> int:
@@ -602,6 +649,19 @@ def cmd_run(a, parent_argv) -> int:
     return _watch_child(cmd, a, parent_argv, what="run", stop_with=a.stop_with_gputop)
 
 
+def _pick_pid(a) -> int | None:
+    """No --pid: in a terminal, the picker (None if the user quits); else the list and exit 2."""
+    if a.headless or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        from gputop.sources.candidates import find_candidates, format_list
+
+        sys.stdout.write(format_list(find_candidates()))
+        raise UsageError("nothing to watch: give --pid PID (candidates above), or a command "
+                         "(demo, run, replay, report); see gputop --help")
+    from gputop.ui.picker import pick_process
+
+    return pick_process()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -619,8 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "run":
             return cmd_run(a, argv)
         if a.pid is None:
-            raise UsageError("nothing to watch: give --pid PID, or a command (demo, run, replay, report); "
-                             "see gputop --help")
+            a.pid = _pick_pid(a)
+            if a.pid is None:
+                return 0
         _check_attach_args(a)
         return attach(a.pid, a, argv)
     except UsageError as e:

@@ -22,6 +22,7 @@ from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_
 from gputop.session.recording import RecordingReader, damage_line
 from gputop.session.sanitize import BadValues, clean_meta, clean_series, json_safe, printable, printable_tree
 from gputop.sources import metric_specs
+from gputop.sources.candidates import one_line
 
 REPORT_VERSION = 1
 
@@ -332,6 +333,21 @@ def _metric_table(metrics: dict, specs: dict, kind: str) -> list[str]:
 TEXT_STRING_MAX = 500   # a recorded string longer than this is cut, with an ellipsis, in the text
 
 
+# The target tree's rows are sums over its processes, not catalogue fields: their labels here.
+TREE_SPECS = {(KIND_PROC, f): MetricSpec(KIND_PROC, f, u, label, "") for f, u, label in (
+    ("cpu_pct", "%", "CPU (100% = 1 core)"), ("rss", "B", "memory (RSS)"), ("processes", "", "process count"))}
+
+
+def _explained(metrics: dict, specs: dict, kind: str, prefixes: tuple[str, ...]) -> list[str]:
+    """What the terse rows mean (stall, cgroup), in the catalogue's words, below their table."""
+    out = []
+    for name in metrics:
+        spec = specs.get((kind, name))
+        if spec is not None and spec.help and name.startswith(prefixes):
+            out.append(f"    {spec.label}: {spec.help}")
+    return ["  what these rows mean:", *out] if out else []
+
+
 def render_text(report: dict) -> str:
     """The report as plain text. Recorded strings are made safe for a terminal first (control
     characters and escape sequences written out, at most TEXT_STRING_MAX characters)."""
@@ -347,7 +363,8 @@ def _render_text(report: dict) -> str:
     s = report["session"]
     target = s.get("target") if isinstance(s.get("target"), dict) else {}
     cmdline = target.get("cmdline") if isinstance(target.get("cmdline"), list) else []
-    cmd = printable(" ".join(str(c) for c in cmdline), TEXT_STRING_MAX) or target.get("name") or "?"
+    # one line (a -c script's newlines), made printable
+    cmd = printable(one_line([str(c) for c in cmdline], 2000), TEXT_STRING_MAX) or target.get("name") or "?"
     lines = [
         f"gputop report — {s['file']}",
         f"  target   PID {target.get('pid', '?')}: {cmd}",
@@ -390,10 +407,11 @@ def _render_text(report: dict) -> str:
         lines.append("")
         lines.append("Host")
         lines.extend(_metric_table(host["system"]["metrics"], specs, KIND_SYSTEM))
+        lines.extend(_explained(host["system"]["metrics"], specs, KIND_SYSTEM, ("psi_", "cgroup_")))
     if "target_tree" in host:
         lines.append("")
         lines.append("Target process tree (sum over processes)")
-        lines.extend(_metric_table(host["target_tree"]["metrics"], {}, KIND_PROC))
+        lines.extend(_metric_table(host["target_tree"]["metrics"], TREE_SPECS, KIND_PROC))
     if host.get("processes"):
         lines.append("")
         lines.append(f"  {'pid':>7}  {'role':<18} {'name':<16} {'cpu mean':>9} {'cpu max':>8} {'rss max':>10}")

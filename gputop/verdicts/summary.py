@@ -10,7 +10,8 @@ from collections import Counter, defaultdict
 
 from gputop.derive.phases import JUDGED
 from gputop.model import Sample
-from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
+from gputop.verdicts.engine import (ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY,
+                                    NO_GPU_AFTER_EVALUATIONS)
 
 
 JUDGED_OR_UNKNOWN = (None, *JUDGED)  # None: a recording made before phases, or no stacks
@@ -102,14 +103,29 @@ def _evidence_summary(rows: list[dict]) -> dict:
     return out
 
 
+def _why_none_after_the_end(why: str | None) -> str:
+    """The engine's last "why no verdict" is worded for a live session ("collecting evidence");
+    a report is read after the end: say why there was none over the whole session."""
+    if not why or why == "no samples yet":
+        return "the recording holds no samples the verdicts could judge"
+    if why == "collecting evidence":
+        return (f"the session ended while gputop was still collecting evidence (the verdicts judge "
+                f"after {NO_GPU_AFTER_EVALUATIONS} s of training)")
+    if why.startswith("waiting for "):
+        return f"the session ended while gputop was still {why}"
+    return why
+
+
 def render_verdicts_text(section: dict) -> list[str]:
     lines = ["Triage (verdicts, ranked by the share of the judged time — training — each explained)"]
     p = section.get("primary_verdict")
     if p is None:
-        lines.append(f"  no verdict: {section.get('no_verdict_why') or 'not enough data'}")
+        lines.append(f"  no verdict over the session: {_why_none_after_the_end(section.get('no_verdict_why'))}")
         return lines
+    held = (section.get("verdicts", {}).get(p["id"]) or {}).get("first_seen_s")
+    held_text = f" (its rule held from {held:.0f} s)" if isinstance(held, (int, float)) else ""
     lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the judged time, "
-                 f"from {p['first_seen_s']:.0f} s")
+                 f"from {p['first_seen_s']:.0f} s{held_text}")
     if p.get("summary"):
         lines.append(f"           evidence: {p['summary']}")
     if p.get("advice"):
@@ -119,5 +135,9 @@ def render_verdicts_text(section: dict) -> list[str]:
         lines.append(f"  {v['severity'] or '?':<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
                      f"of the judged time; {v.get('summary') or ''}")
     if section.get("first_verdict_s") is not None:
-        lines.append(f"  first verdict {section['first_verdict_s']:.1f} s after the session started")
+        # first_verdict_s (the JSON's too) is when a primary verdict was first named; each
+        # verdict's first_seen_s is earlier: when its rule first held, before the hysteresis
+        lines.append(f"  first verdict named {section['first_verdict_s']:.1f} s after the session started "
+                     f"(a verdict turns on once its rule has held {ENTER_S:g} s; first_seen_s in --json is "
+                     f"when the rule first held)")
     return lines
