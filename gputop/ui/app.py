@@ -51,6 +51,7 @@ from gputop.ui.sourceinfo import collect_metric_specs
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 REDRAW_AT_LEAST_S = 1.0  # redraw even without new samples, so STALE marks and live sparklines move
 SEEK_SHORT_S, SEEK_LONG_S, STEP_S = 10.0, 60.0, 1.0
+STILL_S = 10.0  # a followed file that has not grown for this long is not being written any more
 
 HEALTH_STYLE = {"ok": "green", "degraded": "yellow", "failed": "bold red", "off": "dim"}
 
@@ -183,6 +184,20 @@ class TabLine(Line):
 class ReplayBar(Line):
     """Where the replay is: play state, speed, position over length, a bar, the wall time."""
 
+    _end_seen: tuple[float, float] | None = None  # (t_end, when it was first seen, monotonic)
+
+    def _ends_early(self, pb) -> bool:
+        """A file without an end frame is being written, or its writer died. It died if it ends
+        inside a frame (the index's ``truncated``), or if nothing was added for STILL_S (a live
+        recorder writes a chunk every second)."""
+        index = getattr(getattr(pb, "reader", None), "index", None)
+        if getattr(index, "truncated", False):
+            return True
+        now = time.monotonic()
+        if self._end_seen is None or self._end_seen[0] != pb.t_end:
+            self._end_seen = (pb.t_end, now)
+        return now - self._end_seen[1] >= STILL_S
+
     def draw(self, snap: Snapshot, width: int) -> Text:
         pb = snap.playback
         t = Text()
@@ -190,16 +205,20 @@ class ReplayBar(Line):
         t.append(f" {_speed(pb.speed):>5} ", style="bold")
         t.append(f" {fmt.duration(pb.position)} / {fmt.duration(pb.t_end)} ")
         tail = Text()
-        start_wall = snap.meta.get("start_wall")
-        if isinstance(start_wall, (int, float)):
-            tail.append(" " + time.strftime("%H:%M:%S", time.localtime(start_wall + pb.position)))
         notice = getattr(pb, "notice", None)  # damaged parts skipped (session/replay.py)
         if notice:
             tail.append(f" ⚠ {notice}", style="bold")
-        if pb.growing:
+        if pb.growing and self._ends_early(pb):
+            tail.append(" the recording ends early (gputop was killed?)", style="bold")
+        elif pb.growing:
             tail.append(" following a live file", style="bold")
         elif pb.position >= pb.t_end and not pb.playing:
             tail.append(" end of recording")
+        start_wall = snap.meta.get("start_wall")
+        if isinstance(start_wall, (int, float)):
+            clock = " " + time.strftime("%H:%M:%S", time.localtime(start_wall + pb.position))
+            if t.cell_len + len(clock) + tail.cell_len <= width:  # the wall time gives way to a notice
+                tail = Text(clock) + tail
         bar_w = max(0, width - t.cell_len - tail.cell_len - 1)
         if bar_w >= 5:
             span = max(pb.t_end - pb.t_start, 1e-9)

@@ -172,6 +172,16 @@ class Snapshot:
     def health(self) -> dict[str, Sample]:
         return self.latest_of_kind("health")
 
+    def source_state(self, name: str) -> dict | None:
+        """What is known of a source's health: its latest health sample, else what the session
+        said of it at the start (``meta["sources"]``; a replay at its first instant has not read
+        a health sample yet). None when the session has no such source."""
+        h = self.health().get(name)
+        if h is not None:
+            return dict(h.data)
+        described = (self.meta.get("sources") or {}).get(name)
+        return dict(described) if isinstance(described, dict) else None
+
     def gpu_na(self, key: str) -> dict[str, str]:
         info = self.latest("gpu_info", key)
         na = info.get("na") if info is not None else None
@@ -182,7 +192,7 @@ class Snapshot:
         reason = self.gpu_na(key).get(name)
         if reason:
             return f"n/a: {reason}"
-        h = self.health().get("nvml")
+        h = self.source_state("nvml")
         if h is not None and h.get("state") in ("failed", "degraded") and h.get("message"):
             return f"n/a: {h.get('message')}"
         return "n/a"

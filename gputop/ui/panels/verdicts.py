@@ -285,12 +285,14 @@ class JumpsToPrimary:
     def action_jump_primary(self) -> None:
         snap = self.last_snapshot
         if snap is None or snap.playback is None:
-            self.app.bell()
+            self.app.notify("j jumps in a replay only: a live session cannot go back", severity="warning")
             return
         p = primary(snap)
         since = fmt.to_float(p.data.get("since")) if p else None
         if since is None:
-            self.app.bell()
+            # a key that does nothing must say why
+            self.app.notify(f"no primary verdict at {fmt.duration(snap.now)} yet: play on, or pick a change "
+                            "in the Verdicts view's timeline", severity="warning")
             return
         # the change that turned it on: its time is where the verdict shows again after a jump
         candidates = [c for c in store_changes(snap, KIND_CHANGE) if c.id == p.id and c.active]
