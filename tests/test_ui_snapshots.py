@@ -147,3 +147,21 @@ def test_ranks_80x24(snap_compare):
 def test_long_title_and_advice_wrap_80x24(snap_compare):
     """The verdict strip with a title and advice longer than a line: both wrap."""
     assert snap_compare(_h200_at("gil_contention"), terminal_size=(80, 24))
+
+
+def test_output_view_80x24(snap_compare, tmp_path, monkeypatch):
+    """The job's output (gputop run in the UI): a real process's log, the 11th view (tab)."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)  # the view shows the log's path: "run.log" on every machine
+    with open("run.log", "wb") as f:
+        subprocess.run([sys.executable, "-c", "for i in range(1, 41): print(f'epoch 0 step {i} loss {1/i:.4f}')\n"
+                        "print('\\x1b[33mwarning\\x1b[0m: done')"], stdout=f, stderr=f, check=True, timeout=30)
+    session = ReplaySession(str(ROOT / FIXTURE), start_playing=False)
+    session.seek(45.0)
+
+    async def to_output(pilot):
+        await pilot.press("shift+tab")
+        await pilot.pause(0.3)
+    assert snap_compare(GputopApp(session, job_log="run.log"), terminal_size=(80, 24), run_before=to_output)

@@ -43,6 +43,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from gputop.ui import fmt
+from gputop.ui.joblog import LogTail
 from gputop.ui.panels import (HELP_SECTIONS, LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics,
                               load_panel_modules, panels_for, views)
 from gputop.ui.snapshot import Snapshot
@@ -307,15 +308,16 @@ class GputopApp(App[int]):
     REPLAY_ACTIONS = {"toggle_play", "seek", "step", "slower", "faster", "seek_start", "seek_end"}
 
     def __init__(self, session: Any, *, refresh_hz: float = 5.0, history_s: float = 60.0,
-                 start_view: str = "overview", title: str | None = None) -> None:
+                 start_view: str = "overview", title: str | None = None, job_log: str | None = None) -> None:
         super().__init__()
+        self.job_log = LogTail(job_log) if job_log else None  # the job's output (gputop run)
         self.session = session
         self.refresh_hz = min(max(float(refresh_hz), 1.0), 20.0)
         self.history_s = float(history_s)
         self._cell_cache: dict = {}  # sparkline cells kept between ticks (see Snapshot.cells)
         self.app_title = title or "gputop"
         load_panel_modules()
-        self.view_specs = views()
+        self.view_specs = [v for v in views() if v.only_if is None or v.only_if(self)]
         ids = [v.id for v in self.view_specs]
         self.current_view = start_view if start_view in ids else ids[0]
         self.panels: dict[str, list[Panel]] = {v.id: [cls() for cls in panels_for(v.id)] for v in self.view_specs}
@@ -374,7 +376,7 @@ class GputopApp(App[int]):
         except Exception as e:  # e.g. a followed file turned out damaged: say so, keep what we have
             self.session_error = f"reading the session failed: {e or type(e).__name__}"
         try:
-            self._draw(Snapshot(self.session, self.history_s, self._cell_cache))
+            self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
         except Exception as e:  # a drawing bug must not kill a monitor of a long training run
             self.tick_errors += 1
             self.last_tick_error = f"display error: {type(e).__name__}: {e}"
@@ -403,7 +405,8 @@ class GputopApp(App[int]):
             return
         now = time.monotonic()
         changed = (force or snap.generation != self._drawn_generation or self._drawn_view != self.current_view
-                   or now - self._drawn_at >= REDRAW_AT_LEAST_S)
+                   or now - self._drawn_at >= REDRAW_AT_LEAST_S
+                   or self.current_view == "output")  # the job's log: re-read when it changed (a stat)
         if not changed:
             return
         has_data = {}
@@ -443,7 +446,7 @@ class GputopApp(App[int]):
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
-        self._draw(Snapshot(self.session, self.history_s, self._cell_cache), force=True)
+        self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log), force=True)
 
     # -- views ---------------------------------------------------------------------------------
     def _show_view(self, view_id: str) -> None:
@@ -498,8 +501,8 @@ class GputopApp(App[int]):
         parts.append(table([
             ("q", "quit (ctrl+c too)"),
             ("?", "this help; esc, ? or q closes it"),
-            ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}"
-                                                       for n, v in enumerate(self.view_specs, 1))),
+            ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}" if n <= 10 else
+                                                       f"{v.title} (tab)" for n, v in enumerate(self.view_specs, 1))),
             ("↑ ↓ pgup pgdn", "scroll the view (in a replay pgup/pgdn seek 1 min)"),
         ], 14))
         live = "" if self.session.playback is not None else " (this is a live session: they do nothing)"

@@ -24,8 +24,10 @@ def key_order(key: str):
 
 
 class Snapshot:
-    def __init__(self, session: Any, history_s: float = 60.0, cell_cache: dict | None = None) -> None:
+    def __init__(self, session: Any, history_s: float = 60.0, cell_cache: dict | None = None,
+                 job_log: Any = None) -> None:
         store = session.store
+        self.job_log = job_log  # joblog.LogTail of the job's output (gputop run), or None
         self.session = session
         self.store = store
         self.generation = store.generation
