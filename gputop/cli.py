@@ -372,7 +372,7 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
     from gputop.ui.app import run_app
     try:
         with _exit_on_sigterm():
-            return run_app(session)
+            return run_app(session, job_log=getattr(a, "job_log", None))
     finally:
         session.stop()
 
@@ -531,6 +531,7 @@ def _watch_child(argv: list[str], a, parent_argv: list[str], what: str, stop_wit
     _check_attach_args(a)
     _need_terminal(a)  # before the job starts: a job started for nothing would run on
     log_path, log_fd = (None, None) if a.headless else _open_log(what)
+    a.job_log = log_path  # the UI's Output view tails it
     try:
         child = _start_child(argv, log_fd, a, stop_with)
     finally:

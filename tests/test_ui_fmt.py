@@ -3,6 +3,8 @@ made safe to print, sparklines say "no sample" with a blank."""
 
 from __future__ import annotations
 
+from rich.text import Text
+
 from gputop.ui import fmt
 
 
@@ -50,3 +52,33 @@ def test_cell_means_one_pass_for_several_fields():
     # cells cover [7,8) [8,9) [9,10) [10,11)
     assert cells["a"] == [None, 20.0, None, None]
     assert cells["b"] == [None, 4.0, 8.0, None]
+
+
+def test_fit_marks_a_cut_with_an_ellipsis_and_keeps_styles():
+    t = Text("anomaly detection off · deterministic off")
+    t.stylize("bold", 0, 7)
+    got = fmt.fit(t, 26)
+    assert got.plain == "anomaly detection off · d…" and got.cell_len == 26
+    assert got.spans and got.spans[0].style == "bold"
+    assert t.plain.endswith("deterministic off")  # a copy: the original is not cut
+    assert fmt.fit(Text("short"), 26).plain == "short"
+
+
+def test_wrap_breaks_between_words_indents_and_marks_what_it_cuts():
+    advice = ("More threads want to run than there are cores: use fewer DataLoader workers "
+              "(now 2 on 2 cores), limit torch's CPU threads (torch.set_num_threads)")
+    lines = [x.plain for x in fmt.wrap(advice, 50, max_lines=2, indent=4)]
+    assert len(lines) == 2 and all(len(x) <= 50 for x in lines)
+    assert lines[1].startswith("    ") and lines[1].endswith("…")
+    assert advice.startswith(" ".join(x.strip() for x in lines)[:-1].rstrip())
+    assert not lines[0].endswith(" ") and advice[len(lines[0])] == " "  # a break between words
+    # enough lines: all of it, nothing cut
+    whole = [x.plain for x in fmt.wrap(advice, 50, max_lines=5, indent=4)]
+    assert " ".join(x.strip() for x in whole) == advice and not whole[-1].endswith("…")
+    # a separator is preferred where it falls in the line
+    parts = [x.plain for x in fmt.wrap("torch.compile not used · CUDA_LAUNCH_BLOCKING unset · "
+                                       "anomaly detection off", 60, 3, indent=2, sep=" · ")]
+    assert parts == ["torch.compile not used · CUDA_LAUNCH_BLOCKING unset", "  anomaly detection off"]
+    assert [x.plain for x in fmt.wrap("fits", 10)] == ["fits"]
+    # control characters from a process are made visible, never sent
+    assert "\x1b" not in fmt.wrap("a\x1b[31mb", 10)[0].plain

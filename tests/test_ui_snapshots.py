@@ -120,3 +120,48 @@ def test_gpu_overview_80x24(snap_compare, path):
 @pytest.mark.parametrize("path", GPU_RECORDINGS or [None], ids=lambda p: p.stem if p else "none")
 def test_gpu_details_120x40(snap_compare, path):
     assert snap_compare(_middle(path), terminal_size=(120, 40), run_before=show("gpus"))
+
+
+# -- every view at 80x24 (issue 12 item 6), on real H200 recordings ----------------------------------
+H200 = FIXTURE.parent / "h200"
+
+
+def _h200_at(name: str, frac: float = 0.6) -> GputopApp:
+    """A replay that recomputes the verdicts and the time budget, as ``gputop replay`` does."""
+    from gputop.verdicts import default_processors
+
+    session = ReplaySession(str(H200 / f"{name}.gtrec"), processors=default_processors(), start_playing=False)
+    session.seek(session.t_start + frac * (session.t_end - session.t_start))
+    return GputopApp(session)
+
+
+@pytest.mark.parametrize("view_id", ["gpus", "threads", "stacks", "steps", "time"])
+def test_view_80x24(snap_compare, view_id):
+    assert snap_compare(_h200_at("input_bound"), terminal_size=(80, 24), run_before=show(view_id))
+
+
+def test_ranks_80x24(snap_compare):
+    assert snap_compare(_h200_at("ranks"), terminal_size=(80, 24), run_before=show("ranks"))
+
+
+def test_long_title_and_advice_wrap_80x24(snap_compare):
+    """The verdict strip with a title and advice longer than a line: both wrap."""
+    assert snap_compare(_h200_at("gil_contention"), terminal_size=(80, 24))
+
+
+def test_output_view_80x24(snap_compare, tmp_path, monkeypatch):
+    """The job's output (gputop run in the UI): a real process's log, the 11th view (tab)."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)  # the view shows the log's path: "run.log" on every machine
+    with open("run.log", "wb") as f:
+        subprocess.run([sys.executable, "-c", "for i in range(1, 41): print(f'epoch 0 step {i} loss {1/i:.4f}')\n"
+                        "print('\\x1b[33mwarning\\x1b[0m: done')"], stdout=f, stderr=f, check=True, timeout=30)
+    session = ReplaySession(str(ROOT / FIXTURE), start_playing=False)
+    session.seek(45.0)
+
+    async def to_output(pilot):
+        await pilot.press("shift+tab")
+        await pilot.pause(0.3)
+    assert snap_compare(GputopApp(session, job_log="run.log"), terminal_size=(80, 24), run_before=to_output)

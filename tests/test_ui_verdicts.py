@@ -118,6 +118,12 @@ def strip_lines(text: str) -> list[str]:
     return lines[top:end]
 
 
+def advice_shown(strip: list[str]) -> str:
+    """The advice as the strip shows it: from the "→" line on, its lines joined."""
+    first = next(i for i, line in enumerate(strip) if line.startswith("  → "))
+    return " ".join(line.strip() for line in strip[first:]).removeprefix("→ ")
+
+
 @pytest.fixture(autouse=True)
 def utc(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
@@ -140,19 +146,52 @@ async def test_strip_names_input_bound_with_evidence_and_advice_and_fits_80x24()
     lines = text.splitlines()
     assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
     strip = strip_lines(text)
-    assert 3 <= len(strip) <= 4, strip  # the border line with the facts, then 2-3 lines
+    assert 3 <= len(strip) <= 6, strip  # the border line with the facts, then 2-5 lines
     assert primary["id"] == "input_bound"
     assert strip[1].startswith("● WARNING input_bound — Input-bound: waiting for the DataLoader")
     # its summary (with the data-wait number) and how long / how sure, as the engine says
     assert detail["summary"] in " ".join(strip)
     held = pilot.app.session.position - detail["since"]
     assert f"for {held:.0f} s" in strip[0] and f"confidence {detail['confidence'] * 100:.0f}%" in strip[0]
-    assert strip[-1].startswith("  → " + detail["advice"][:40])
+    assert advice_shown(strip)[:80] == detail["advice"][:80]
     # the rest of the overview still fits under it: the GPU, the probe, the host and the processes
     flat = "\n".join(lines)
     assert "GPU0* H200" in flat and "─Host" in flat
     assert len([line for line in lines if " loader " in line and "pt_data_worker" in line]) == 2
     assert "paused" in lines[-2] and lines[-1].startswith("q quit")
+
+
+@pytest.mark.parametrize("path", [DATA.parent / "cpu_oversubscribed.gtrec", DATA / "gil_contention.gtrec",
+                                  DATA / "sync_stall.gtrec"], ids=lambda p: p.stem)
+@async_test
+async def test_strip_wraps_title_summary_and_advice_before_cutting_them_80x24(path):
+    """Issue 12 item 6: at 80x24 the title and the advice take a second line before anything is
+    cut, a cut ends with an ellipsis, and no line of the strip passes 80 columns."""
+    session = ReplaySession(str(path), processors=default_processors(), start_playing=False)
+    session.seek(session.t_start + 0.6 * (session.t_end - session.t_start))
+    async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = screen_text(pilot.app)
+        p = vpanels.primary(pilot.app.snapshot)
+    assert p is not None, "these recordings have a primary verdict at 60%"
+    strip = [line.rstrip() for line in strip_lines(text)]
+    assert all(len(line) <= 80 for line in strip)
+    title, advice = p.data["title"], p.data["advice"]
+    head = f"● {vpanels.severity_word(p.data['severity'])} {p.id} — {title}"
+    assert len(head) > 80 or len(advice) > 76, "the case to test: something longer than a line"
+    # the headline in full, over one or two lines (each of these titles fits in two)
+    assert " ".join(line.strip() for line in strip[1:3]).startswith(head)
+    shown = advice_shown(strip)
+    if shown.endswith("…"):
+        assert len([line for line in strip if line.startswith("    ")]) == 1  # two lines used
+        assert advice.startswith(shown[:-1].rstrip()) and len(shown) > 120
+    else:
+        assert shown == advice
+    # words are never cut at the end of a wrapped line
+    for line in strip[1:]:
+        if len(line) < 80 and not line.endswith("…"):
+            continue
+        assert line.endswith("…") or line.split()[-1] in title + " " + advice + " " + p.data["summary"]
 
 
 @async_test
@@ -168,7 +207,9 @@ async def test_strip_names_gpu_bound_as_healthy_with_the_other_active_verdicts_1
     assert strip[1].startswith(f"● INFO gpu_bound — GPU-bound (healthy) ({primary['summary']})")
     assert "also " + ", ".join(primary["others"]) in strip[0]
     assert strip[2].startswith("  → The GPU is the bottleneck")
-    assert len(strip) == 3
+    # the advice takes a second line rather than being cut
+    advice = session.store.latest("verdict", "gpu_bound").data["advice"]
+    assert len(strip) == 4 and advice_shown(strip) == advice, strip
 
 
 @async_test

@@ -43,6 +43,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from gputop.ui import fmt
+from gputop.ui.joblog import LogTail
 from gputop.ui.panels import (HELP_SECTIONS, LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics,
                               load_panel_modules, panels_for, views)
 from gputop.ui.snapshot import Snapshot
@@ -51,6 +52,7 @@ from gputop.ui.sourceinfo import collect_metric_specs
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 REDRAW_AT_LEAST_S = 1.0  # redraw even without new samples, so STALE marks and live sparklines move
 SEEK_SHORT_S, SEEK_LONG_S, STEP_S = 10.0, 60.0, 1.0
+STILL_S = 10.0  # a followed file that has not grown for this long is not being written any more
 
 HEALTH_STYLE = {"ok": "green", "degraded": "yellow", "failed": "bold red", "off": "dim"}
 
@@ -183,6 +185,20 @@ class TabLine(Line):
 class ReplayBar(Line):
     """Where the replay is: play state, speed, position over length, a bar, the wall time."""
 
+    _end_seen: tuple[float, float] | None = None  # (t_end, when it was first seen, monotonic)
+
+    def _ends_early(self, pb) -> bool:
+        """A file without an end frame is being written, or its writer died. It died if it ends
+        inside a frame (the index's ``truncated``), or if nothing was added for STILL_S (a live
+        recorder writes a chunk every second)."""
+        index = getattr(getattr(pb, "reader", None), "index", None)
+        if getattr(index, "truncated", False):
+            return True
+        now = time.monotonic()
+        if self._end_seen is None or self._end_seen[0] != pb.t_end:
+            self._end_seen = (pb.t_end, now)
+        return now - self._end_seen[1] >= STILL_S
+
     def draw(self, snap: Snapshot, width: int) -> Text:
         pb = snap.playback
         t = Text()
@@ -190,16 +206,20 @@ class ReplayBar(Line):
         t.append(f" {_speed(pb.speed):>5} ", style="bold")
         t.append(f" {fmt.duration(pb.position)} / {fmt.duration(pb.t_end)} ")
         tail = Text()
-        start_wall = snap.meta.get("start_wall")
-        if isinstance(start_wall, (int, float)):
-            tail.append(" " + time.strftime("%H:%M:%S", time.localtime(start_wall + pb.position)))
         notice = getattr(pb, "notice", None)  # damaged parts skipped (session/replay.py)
         if notice:
             tail.append(f" ⚠ {notice}", style="bold")
-        if pb.growing:
+        if pb.growing and self._ends_early(pb):
+            tail.append(" the recording ends early (gputop was killed?)", style="bold")
+        elif pb.growing:
             tail.append(" following a live file", style="bold")
         elif pb.position >= pb.t_end and not pb.playing:
             tail.append(" end of recording")
+        start_wall = snap.meta.get("start_wall")
+        if isinstance(start_wall, (int, float)):
+            clock = " " + time.strftime("%H:%M:%S", time.localtime(start_wall + pb.position))
+            if t.cell_len + len(clock) + tail.cell_len <= width:  # the wall time gives way to a notice
+                tail = Text(clock) + tail
         bar_w = max(0, width - t.cell_len - tail.cell_len - 1)
         if bar_w >= 5:
             span = max(pb.t_end - pb.t_start, 1e-9)
@@ -288,15 +308,16 @@ class GputopApp(App[int]):
     REPLAY_ACTIONS = {"toggle_play", "seek", "step", "slower", "faster", "seek_start", "seek_end"}
 
     def __init__(self, session: Any, *, refresh_hz: float = 5.0, history_s: float = 60.0,
-                 start_view: str = "overview", title: str | None = None) -> None:
+                 start_view: str = "overview", title: str | None = None, job_log: str | None = None) -> None:
         super().__init__()
+        self.job_log = LogTail(job_log) if job_log else None  # the job's output (gputop run)
         self.session = session
         self.refresh_hz = min(max(float(refresh_hz), 1.0), 20.0)
         self.history_s = float(history_s)
         self._cell_cache: dict = {}  # sparkline cells kept between ticks (see Snapshot.cells)
         self.app_title = title or "gputop"
         load_panel_modules()
-        self.view_specs = views()
+        self.view_specs = [v for v in views() if v.only_if is None or v.only_if(self)]
         ids = [v.id for v in self.view_specs]
         self.current_view = start_view if start_view in ids else ids[0]
         self.panels: dict[str, list[Panel]] = {v.id: [cls() for cls in panels_for(v.id)] for v in self.view_specs}
@@ -355,7 +376,7 @@ class GputopApp(App[int]):
         except Exception as e:  # e.g. a followed file turned out damaged: say so, keep what we have
             self.session_error = f"reading the session failed: {e or type(e).__name__}"
         try:
-            self._draw(Snapshot(self.session, self.history_s, self._cell_cache))
+            self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
         except Exception as e:  # a drawing bug must not kill a monitor of a long training run
             self.tick_errors += 1
             self.last_tick_error = f"display error: {type(e).__name__}: {e}"
@@ -384,7 +405,8 @@ class GputopApp(App[int]):
             return
         now = time.monotonic()
         changed = (force or snap.generation != self._drawn_generation or self._drawn_view != self.current_view
-                   or now - self._drawn_at >= REDRAW_AT_LEAST_S)
+                   or now - self._drawn_at >= REDRAW_AT_LEAST_S
+                   or self.current_view == "output")  # the job's log: re-read when it changed (a stat)
         if not changed:
             return
         has_data = {}
@@ -424,7 +446,7 @@ class GputopApp(App[int]):
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
-        self._draw(Snapshot(self.session, self.history_s, self._cell_cache), force=True)
+        self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log), force=True)
 
     # -- views ---------------------------------------------------------------------------------
     def _show_view(self, view_id: str) -> None:
@@ -479,8 +501,8 @@ class GputopApp(App[int]):
         parts.append(table([
             ("q", "quit (ctrl+c too)"),
             ("?", "this help; esc, ? or q closes it"),
-            ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}"
-                                                       for n, v in enumerate(self.view_specs, 1))),
+            ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}" if n <= 10 else
+                                                       f"{v.title} (tab)" for n, v in enumerate(self.view_specs, 1))),
             ("↑ ↓ pgup pgdn", "scroll the view (in a replay pgup/pgdn seek 1 min)"),
         ], 14))
         live = "" if self.session.playback is not None else " (this is a live session: they do nothing)"

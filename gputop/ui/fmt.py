@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from rich.text import Text
+
 NA = "n/a"
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -116,6 +118,47 @@ def clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     return text[: max(0, width - 1)] + "…"
+
+
+def fit(text: Text, width: int) -> Text:
+    """``clip`` for styled text: a copy cut to ``width`` cells, a cut marked with an ellipsis
+    (a bare ``Text.truncate(width)`` cuts mid-word with no mark)."""
+    out = text.copy()
+    out.truncate(max(0, width), overflow="ellipsis")
+    return out
+
+
+def wrap(text: Text | str, width: int, max_lines: int = 2, indent: int = 0,
+         sep: str = " ") -> list[Text]:
+    """``text`` as at most ``max_lines`` lines of ``width`` cells, broken between words (at
+    ``sep`` where one falls in the line, else at a space); lines after the first start with
+    ``indent`` spaces; what does not fit in ``max_lines`` ends the last line with an ellipsis.
+    A single word longer than a line is cut (with an ellipsis only on the last line)."""
+    t = Text(clean(text)) if isinstance(text, str) else text
+    plain = t.plain
+    lines: list[Text] = []
+    start = 0
+    width = max(1, width)
+    while start < len(plain) and len(lines) < max(1, max_lines):
+        pad = indent if lines else 0
+        room = max(1, width - pad)
+        rest = t[start:]
+        if len(lines) == max_lines - 1 or rest.cell_len <= room:
+            line = fit(rest, room)
+            start = len(plain)
+        else:
+            cut = plain.rfind(sep, start, start + room + 1) if sep != " " else -1
+            if cut <= start:
+                cut = plain.rfind(" ", start, start + room + 1)
+            if cut <= start:
+                cut = start + room  # one word longer than the line
+            line = t[start:cut]
+            line.rstrip()
+            start = cut + (len(sep) if plain.startswith(sep, cut) else 0)
+            while start < len(plain) and plain[start] == " ":
+                start += 1
+        lines.append(Text(" " * pad) + line if pad else line)
+    return lines or [Text("")]
 
 
 def _subclass_number(v) -> bool:

@@ -24,8 +24,10 @@ def key_order(key: str):
 
 
 class Snapshot:
-    def __init__(self, session: Any, history_s: float = 60.0, cell_cache: dict | None = None) -> None:
+    def __init__(self, session: Any, history_s: float = 60.0, cell_cache: dict | None = None,
+                 job_log: Any = None) -> None:
         store = session.store
+        self.job_log = job_log  # joblog.LogTail of the job's output (gputop run), or None
         self.session = session
         self.store = store
         self.generation = store.generation
@@ -172,6 +174,16 @@ class Snapshot:
     def health(self) -> dict[str, Sample]:
         return self.latest_of_kind("health")
 
+    def source_state(self, name: str) -> dict | None:
+        """What is known of a source's health: its latest health sample, else what the session
+        said of it at the start (``meta["sources"]``; a replay at its first instant has not read
+        a health sample yet). None when the session has no such source."""
+        h = self.health().get(name)
+        if h is not None:
+            return dict(h.data)
+        described = (self.meta.get("sources") or {}).get(name)
+        return dict(described) if isinstance(described, dict) else None
+
     def gpu_na(self, key: str) -> dict[str, str]:
         info = self.latest("gpu_info", key)
         na = info.get("na") if info is not None else None
@@ -182,7 +194,7 @@ class Snapshot:
         reason = self.gpu_na(key).get(name)
         if reason:
             return f"n/a: {reason}"
-        h = self.health().get("nvml")
+        h = self.source_state("nvml")
         if h is not None and h.get("state") in ("failed", "degraded") and h.get("message"):
             return f"n/a: {h.get('message')}"
         return "n/a"

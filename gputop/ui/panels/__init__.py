@@ -45,7 +45,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from rich.text import Text
 from textual.widget import Widget
@@ -59,6 +59,7 @@ class ViewSpec:
     id: str
     title: str
     order: int
+    only_if: Callable[[Any], bool] | None = None  # given the app: whether this view exists
 
 
 _VIEWS: dict[str, ViewSpec] = {}
@@ -67,8 +68,10 @@ LOAD_PROBLEMS: list[str] = []
 HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = []
 
 
-def register_view(view_id: str, title: str, order: int) -> ViewSpec:
-    spec = ViewSpec(view_id, title, order)
+def register_view(view_id: str, title: str, order: int,
+                  only_if: Callable[[Any], bool] | None = None) -> ViewSpec:
+    """A view; ``only_if(app)`` False leaves it out of that app (e.g. Output without a job log)."""
+    spec = ViewSpec(view_id, title, order, only_if)
     _VIEWS[view_id] = spec
     return spec
 

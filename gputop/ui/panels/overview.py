@@ -47,11 +47,13 @@ def primary_activity(snap: Snapshot, key: str) -> tuple[str, str]:
 
 
 def no_gpu_text(snap: Snapshot) -> Text:
-    h = snap.health().get("nvml")
+    h = snap.source_state("nvml")
     t = Text()
     t.append("no GPU data", style=STYLE_BAD)
     if h is None:
         t.append(" (this session has no NVML source)")
+    elif not h.get("state"):
+        t.append(" yet (the NVML source has not reported)")
     else:
         t.append(f" — nvml {fmt.clean(h.get('state'))}")
         if h.get("message"):

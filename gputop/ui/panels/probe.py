@@ -169,8 +169,7 @@ class ProbeOverview(TextPanel):
         syncs = w.get("syncs_per_step")
         if syncs is not None:
             t.append(f"  syncs {syncs:.1f}/step")
-        t.truncate(width)
-        return t
+        return fmt.fit(t, width)
 
     def _many(self, snap: Snapshot, keys: list[str], width: int) -> Text:
         windows = [(k, last_window_with_steps(snap, k)) for k in keys]
@@ -188,8 +187,7 @@ class ProbeOverview(TextPanel):
         split = step_split(slow.data)
         if split is not None:
             t.append_text(split_text(split, None))
-        t.truncate(width)
-        return t
+        return fmt.fit(t, width)
 
 
 
@@ -333,8 +331,8 @@ class ProbeSettings(TextPanel):
             t = Text()
             for text, style in parts:
                 t.append(text, style=style)
-            t.truncate(width)
-            lines.append(t)
+            # a line of "a · b · c" settings breaks between settings, never inside one
+            lines.extend(fmt.wrap(t, width, 3, indent=2, sep=" · "))
         if c.get("torch") is None:
             line((fmt.clean(c.get("torch_info") or "torch is not imported"), STYLE_DIM))
             return Text("\n").join(lines)

@@ -88,6 +88,8 @@ class SessionFacts(TextPanel):
             facts.append(("recording", "off"))
         if snap.recording_error:
             facts.append(("recording error", str(snap.recording_error)))
+        if snap.job_log is not None:
+            facts.append(("job output", f"{snap.job_log.path} (the Output view: tab)"))
         t = Text()
         for i, (k, v) in enumerate(facts):
             if i:

@@ -37,6 +37,7 @@ SEVERITY_WORD = {"info": "INFO", "warning": "WARNING", "critical": "CRITICAL"}
 SEVERITY_STYLE = {"info": "bold green", "warning": "bold yellow", "critical": "bold red"}
 STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
 STALE_S = 3.0      # the engine publishes every second; older than this, it stopped
+ADVICE_LINES = 2   # the strip wraps its advice onto a second line before cutting it
 WARM_S = 10.0      # a jump replays this much before its target (see jump_to)
 # a rule holding from t shows as a verdict at the first evaluation >= ENTER_S later
 SHOWS_AFTER_S = math.ceil(ENTER_S / VerdictEngine.interval_s) * VerdictEngine.interval_s
@@ -146,8 +147,10 @@ def pending_sources(snap: Snapshot) -> list[str]:
     return out
 
 
-def headline(vid: str, data: dict, width: int) -> list[Text]:
-    """The verdict in one line when it fits ("● WARNING id — title (summary)"), else two."""
+def headline(vid: str, data: dict, width: int, max_lines: int = 3) -> list[Text]:
+    """The verdict in one line when it fits ("● WARNING id — title (summary)"), else the title
+    and then the summary, each wrapped (two lines at most for the title, ``max_lines`` in all)
+    rather than cut: at 80 columns a cut title or summary loses the words that matter."""
     sev = data.get("severity")
     head = Text()
     head.append("● ", style=severity_style(sev))
@@ -161,10 +164,10 @@ def headline(vid: str, data: dict, width: int) -> list[Text]:
     if summary and head.cell_len + len(summary) + 3 <= width:
         head.append(f" ({summary})")
         return [head]
-    head.truncate(width, overflow="ellipsis")
-    lines = [head]
-    if summary:
-        lines.append(Text("  " + fmt.clip(summary, width - 2)))
+    lines = fmt.wrap(head, width, min(2, max_lines), indent=2)
+    room = max_lines - len(lines)
+    if summary and room > 0:
+        lines += fmt.wrap("  " + summary, width, room, indent=2)
     return lines
 
 
@@ -282,12 +285,14 @@ class JumpsToPrimary:
     def action_jump_primary(self) -> None:
         snap = self.last_snapshot
         if snap is None or snap.playback is None:
-            self.app.bell()
+            self.app.notify("j jumps in a replay only: a live session cannot go back", severity="warning")
             return
         p = primary(snap)
         since = fmt.to_float(p.data.get("since")) if p else None
         if since is None:
-            self.app.bell()
+            # a key that does nothing must say why
+            self.app.notify(f"no primary verdict at {fmt.duration(snap.now)} yet: play on, or pick a change "
+                            "in the Verdicts view's timeline", severity="warning")
             return
         # the change that turned it on: its time is where the verdict shows again after a jump
         candidates = [c for c in store_changes(snap, KIND_CHANGE) if c.id == p.id and c.active]
@@ -331,10 +336,11 @@ class VerdictStrip(JumpsToPrimary, TextPanel):
         lines = headline(p.id, p.data, width)
         advice = p.data.get("advice")
         if advice:
+            # the most useful line: it gets a second line before anything of it is cut
             a = Text()
             a.append("  → ", style=STYLE_LABEL)
-            a.append(fmt.clip(advice, max(1, width - 4)))
-            lines.append(a)
+            a.append(fmt.clean(advice))
+            lines += fmt.wrap(a, width, ADVICE_LINES, indent=4)
         return Text("\n").join(lines)
 
 
@@ -434,7 +440,7 @@ class VerdictDetail(TextPanel):
         if p is None:
             out.append_text(no_verdict_text(snap, width))
         else:
-            out.append_text(Text("\n").join(headline(p.id, p.data, width)))
+            out.append_text(Text("\n").join(headline(p.id, p.data, width, max_lines=5)))
             facts = verdict_facts(p.id, p.data, snap.now)
             since = fmt.to_float(p.data.get("since"))
             if since is not None:
