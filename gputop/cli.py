@@ -364,6 +364,11 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
         session, target = _build_live_session(pid, a, argv, record_path)
     except TargetError as e:
         raise CliError(str(e)) from None
+    if target.ptrace_denied and a.headless:  # watched anyway: say what is missing (Sources view in the UI)
+        print(f"gputop: {target.ptrace_denied}; watching what this user may read: the GPU (NVML), the "
+              "process's CPU, memory and threads (/proc); no Python stacks, GIL wait, I/O counters or "
+              "environment" + ("" if os.geteuid() == 0 else ", and no probe (its socket is private to its user)"),
+              file=sys.stderr, flush=True)
     session.start()
     if exporter is not None:
         exporter.serve(session)

@@ -56,14 +56,14 @@ class Target:
             self.username = self._safe(self.process.username, "?")
             if status == psutil.STATUS_ZOMBIE:
                 raise TargetError(f"process {pid} has already exited (zombie): nothing to watch")
-            self._check_permission()
-            self.cmdline = self.process.cmdline()
+            self.ptrace_denied = self._check_permission()
+            self.cmdline = self._safe(self.process.cmdline, [])
         except psutil.ZombieProcess:
             raise TargetError(f"process {pid} has already exited (zombie): nothing to watch") from None
         except psutil.NoSuchProcess:
             raise TargetError(f"process {pid} exited while gputop was starting: nothing to watch") from None
-        except psutil.AccessDenied:
-            raise TargetError(self._no_permission()) from None
+        except psutil.AccessDenied:  # not even its stat and status (hidepid, another namespace)
+            raise TargetError(f"no permission to read process {pid}: run gputop as its owner or as root") from None
         if not self.alive():  # it may have died between the checks above
             raise TargetError(f"process {pid} exited while gputop was starting: nothing to watch")
         self._lock = threading.Lock()
@@ -82,26 +82,31 @@ class Target:
             return default
 
     def _no_permission(self) -> str:
+        """Why gputop cannot read the target's private parts (one line, for health samples)."""
         who = f" (owned by {self.username})" if getattr(self, "username", "?") != "?" else ""
         if os.geteuid() == 0:
-            return (f"no permission to read process {self.pid}{who}, even as root: it belongs to "
+            return (f"ptrace not permitted on process {self.pid}{who}, even as root: it belongs to "
                     f"another container/user namespace or made itself non-dumpable")
-        return (f"no permission to read process {self.pid}{who}: "
+        return (f"ptrace not permitted on process {self.pid}{who}: "
                 f"run gputop as the same user or with sudo")
 
-    def _check_permission(self) -> None:
-        """Reading a process's I/O counters and stacks needs the same access as ptrace's read
-        mode: same user (or root). /proc/PID/exe asks exactly that; a plain ``ps`` does not."""
+    def _check_permission(self) -> str | None:
+        """Reading a process's stacks, I/O counters and environment needs ptrace's read access
+        (same user, or root); /proc/PID/exe asks exactly that, a plain ``ps`` does not. Without
+        it the target is still watched — NVML, its /proc stat/status/schedstat (readable by
+        anyone), a probe whose socket this user can reach — and the reason returned here names
+        what is missing (the stack source reports it in its health)."""
         try:
             os.readlink(f"/proc/{self.pid}/exe")
         except PermissionError:
-            raise TargetError(self._no_permission()) from None
+            return self._no_permission()
         except FileNotFoundError:
             # A kernel thread has no exe; a vanished process has no directory.
             if not os.path.exists(f"/proc/{self.pid}"):
                 raise TargetError(f"process {self.pid} exited while gputop was starting: nothing to watch") from None
         except OSError:
             pass
+        return None
 
     @property
     def command(self) -> str:
@@ -199,7 +204,8 @@ class Target:
 
     def describe(self) -> dict:
         return {"pid": self.pid, "name": self.name, "cmdline": self.cmdline, "user": self.username,
-                "create_time": self.create_time, "python": self.is_python()}
+                "create_time": self.create_time, "python": self.is_python(),
+                "ptrace_denied": self.ptrace_denied}
 
 
 def dies_with_parent(sig: int = signal.SIGTERM):

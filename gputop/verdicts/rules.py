@@ -16,6 +16,7 @@ from typing import Callable
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding
 from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
+from gputop.verdicts.workers import WORKERS_CPU_STARVED, input_advice, loader_config, worker_state
 
 # -- thresholds (docs/verdicts.md explains each) -------------------------------------------------
 GPU_BOUND_SM_ACTIVE = 80.0        # % SM active: DCGM's "necessary for effective use" line
@@ -79,6 +80,21 @@ def _confidence(base: float, missing: tuple[str, ...]) -> float:
 def _idle_share(sig: Signals) -> float | None:
     sm = sig.get("gpu.sm_active")
     return None if sm is None else max(0.0, 1.0 - sm / 100.0)
+
+
+def _share(sig: Signals) -> float | None:
+    """The loop's data-wait share of step time: the probe's, else the main thread's from stacks."""
+    probe = sig.get("probe.data_wait_share")
+    return probe if probe is not None else sig.get("py.main.data")
+
+
+def _free_cores(sig: Signals) -> float | None:
+    """Idle cores on the host, by its CPU %; 0 while the main thread itself waits for a core."""
+    wait = sig.get("py.main.cpu_wait")
+    if wait is not None and wait >= CPU_WAIT_SHARE:
+        return 0.0
+    cores, host = sig.get("host.cpu_count"), sig.get("host.cpu_pct")
+    return None if cores is None or host is None else cores * max(0.0, 1.0 - host / 100.0)
 
 
 # -- rules ----------------------------------------------------------------------------------------
@@ -166,29 +182,19 @@ def clock_throttled(sig: Signals) -> Finding | None:
          meaning="the training loop waits for the DataLoader (>= {INPUT_BOUND_SHARE:.0%} of step time) "
                  "while the GPU is not busy")
 def input_bound(sig: Signals) -> Finding | None:
-    probe, stacks = sig.get("probe.data_wait_share"), sig.get("py.main.data")
-    share = probe if probe is not None else stacks
+    probe, share = sig.get("probe.data_wait_share"), _share(sig)
     if share is None:
         return None
     sm = sig.get("gpu.sm_active")
     level = share / INPUT_BOUND_SHARE
     # the GPU stays fed despite the waits: then they are not the bottleneck
     level = _gate(level, sm is None or sm < GPU_BUSY_SM_ACTIVE)
-    cfg = sig.facts.get("probe_config") or {}
+    cfg = loader_config(sig)
     workers, busy = sig.get("proc.workers.count"), sig.get("proc.workers.busy")
-    advice = []
     nw = cfg.get("num_workers")
-    cores = sig.get("host.cpu_count")
-    if busy and workers and busy >= workers:
-        advice.append(f"all {int(workers)} DataLoader workers are ~100% busy: raise num_workers"
-                      + (f" (the machine has {int(cores)} cores)" if cores else "")
-                      + " or make __getitem__/transforms cheaper (decode on GPU, cache preprocessed data)")
-    elif nw == 0 or (workers in (None, 0.0) and nw is None):
-        advice.append("load data in worker processes: DataLoader(num_workers=4 or more)")
-    else:
-        advice.append("workers are not CPU-bound: the storage or network feeding them is slow; "
-                      "prefetch more (prefetch_factor), cache the dataset locally, or use a faster format")
-    if cfg.get("pin_memory") is False:
+    state = worker_state(sig)
+    advice = [input_advice(sig, state, nw, _free_cores(sig))]
+    if cfg.get("pin_memory") is False and "nvml" in sig.have:
         advice.append("set pin_memory=True")
     if cfg.get("persistent_workers") is False and nw:
         advice.append("set persistent_workers=True so workers survive between epochs")
@@ -196,6 +202,8 @@ def input_bound(sig: Signals) -> Finding | None:
     evidence = {"data_wait_share_pct": _pct(share), "from": "probe" if probe is not None else "stacks",
                 "sm_active_pct": _r(sm), "workers": workers, "workers_busy": busy,
                 "worker_cpu_pct_mean": _r(sig.get("proc.workers.cpu_pct_mean")),
+                "worker_cpu_wait_pct_mean": _r(sig.get("proc.workers.cpu_wait_pct_mean")),
+                "worker_io_wait_pct": _pct(sig.get("proc.workers.io_share")), "workers_state": state,
                 "num_workers": nw, "pin_memory": cfg.get("pin_memory")}
     return input_bound.spec.finding(
         level=level, lost_share=share, confidence=_confidence(0.9 if probe is not None else 0.75, missing),
@@ -215,7 +223,7 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
     if rx is None or sm is None:
         return None
     level = _gate(rx / H2D_PCIE_RX_MIBS, sm < H2D_MAX_SM)
-    cfg = sig.facts.get("probe_config") or {}
+    cfg = loader_config(sig)
     pageable = rx < PAGEABLE_PCIE_MIBS
     advice = []
     if pageable or cfg.get("pin_memory") is False:
@@ -406,14 +414,33 @@ def cpu_oversubscribed(sig: Signals) -> Finding | None:
     if wait is None:
         return None
     workers, cores = sig.get("proc.workers.count"), sig.get("host.cpu_count")
+    data, state = _share(sig), worker_state(sig)
+    advice = "More threads want to run than there are cores: "
+    waits_for_data = bool(workers) and data is not None and data >= INPUT_BOUND_SHARE
+    if waits_for_data:
+        # input_bound holds too (or would, were the GPU not busy): the loop is short of data,
+        # so fewer workers would starve it more; the cores must come from elsewhere
+        advice += (f"the loop also waits for data ({data * 100:.0f}% of step time), so keep the DataLoader "
+                   "workers and free cores for them and the loop: ")
+    advice += "limit torch's CPU threads (torch.set_num_threads, OMP_NUM_THREADS), move other work off this machine"
+    if not waits_for_data and workers and state == WORKERS_CPU_STARVED:
+        # the workers queue for the same cores: fewer of them would not make their work smaller
+        advice += (f", or give the job more cores; the DataLoader workers wait for a core too "
+                   f"({sig.get('proc.workers.cpu_wait_pct_mean'):.0f}% of the time), so fewer of them would "
+                   "only slow the data feed")
+    elif not waits_for_data and workers and data is not None and data < INPUT_BOUND_SHARE / 2:
+        advice += (", or use fewer DataLoader workers"
+                   + (f" (now {int(workers)} on {int(cores)} cores)" if cores else "")
+                   + f": the loop waits for data only {data * 100:.0f}% of step time")
+    else:
+        advice += ", or give the job more cores"
     return cpu_oversubscribed.spec.finding(
         level=wait / CPU_WAIT_SHARE, lost_share=wait, confidence=0.8,
         evidence={"main_cpu_wait_pct": _pct(wait), "host_cpu_pct": _r(sig.get("host.cpu_pct")),
-                  "cores": cores, "dataloader_workers": workers},
-        advice="More threads want to run than there are cores: use fewer DataLoader workers"
-               + (f" (now {int(workers)} on {int(cores)} cores)" if workers and cores else "")
-               + ", limit torch's CPU threads (torch.set_num_threads, OMP_NUM_THREADS), or move other "
-                 "work off this machine.",
+                  "cores": cores, "dataloader_workers": workers, "data_wait_share_pct": _pct(data),
+                  "workers_state": state,
+                  "worker_cpu_wait_pct_mean": _r(sig.get("proc.workers.cpu_wait_pct_mean"))},
+        advice=advice + ".",
         summary=f"the main thread is ready to run but waits for a CPU {wait * 100:.0f}% of the time")
 
 

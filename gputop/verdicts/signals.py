@@ -18,7 +18,8 @@ from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.catalogue import KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC,
+                              KIND_THREAD_KERNEL, WAIT_CLASSES)
 
 BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
@@ -149,7 +150,7 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
             sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
         sig.set("host.psi_io_some_pct", _mean(s.get("psi_io_some_pct") for s in system))
     procs = _window(store, KIND_PROC, since)
-    workers = []
+    workers, worker_waits, worker_pids = [], [], []
     for pid, samples in procs.items():
         role = samples[-1].get("role")
         cpu = _mean(s.get("cpu_pct") for s in samples)
@@ -158,10 +159,40 @@ def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> 
             sig.set("proc.main.majflt_ps", _mean(s.get("majflt_ps") for s in samples))
         elif role == "dataloader_worker":
             workers.append(cpu)
+            worker_waits.append(_mean(s.get("cpu_wait_pct") for s in samples))
+            worker_pids.append(pid)
     if workers:
         sig.set("proc.workers.count", len(workers))
         sig.set("proc.workers.cpu_pct_mean", _mean(workers))
         sig.set("proc.workers.busy", sum(1 for c in workers if c is not None and c >= 80.0))
+        # What the workers do when not on a CPU decides the advice (rules.input_bound): runnable
+        # but waiting for a core (schedstat, 100 = one thread waiting all the time), or blocked
+        # in I/O system calls (the kernel wait sampler's share of the worker's own thread).
+        sig.set("proc.workers.cpu_wait_pct_mean", _mean(worker_waits))
+        sig.set("proc.workers.io_share", _worker_io_share(store, since, worker_pids))
+
+
+_IO_COL = 2 + WAIT_CLASSES.index("io")   # in a thread_kernel row: tid, name, then the wait classes
+
+
+def _worker_io_share(store, since: float, pids: list[str]) -> float | None:
+    """Share of the kernel sampler's ticks in which the workers' own threads (TID = PID) were
+    blocked in a read/write-like system call, over the window; None when none was sampled."""
+    kernel = _window(store, KIND_THREAD_KERNEL, since)
+    io = ticks = 0
+    for pid in pids:
+        for s in kernel.get(pid, ()):
+            rows = s.get("threads")
+            if not isinstance(rows, list):
+                continue
+            for row in rows:
+                if not (isinstance(row, list) and len(row) > _IO_COL and str(row[0]) == pid):
+                    continue
+                counts = row[2:2 + len(WAIT_CLASSES)]
+                if all(type(c) is int and c >= 0 for c in counts):
+                    io += row[_IO_COL]
+                    ticks += sum(counts)
+    return io / ticks if ticks else None
 
 
 def _stack_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
