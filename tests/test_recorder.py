@@ -118,3 +118,28 @@ def test_a_long_backlog_is_written_as_chunks_the_reader_accepts(tmp_path):
     rec.stop()
     with RecordingReader(str(path)) as r:
         assert len(r.all_samples()) == 60_000 and not r.index.damaged and len(r.index.chunks) >= 40
+
+
+def test_a_live_session_publishes_the_recorders_health(tmp_path):
+    """Drops are said live too (the Sources view, Prometheus), not only in the file."""
+    from gputop.session.session import LiveSession, SessionClock, base_meta
+
+    clock = SessionClock()
+    meta = base_meta(clock, [])
+    rec = Recorder(RecordingWriter(str(tmp_path / "r.gtrec"), meta), flush_s=0.2)
+    live = LiveSession([], clock, meta, recorder=rec)
+    live.start()
+    try:
+        deadline = time.monotonic() + 5
+        while live.store.latest("health", "recorder") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        h = live.store.latest("health", "recorder")
+        assert h is not None and h.get("state") == "ok" and h.get("dropped_samples") == 0
+        rec.dropped = 7   # as on_samples counts them when its queue is full
+        deadline = time.monotonic() + 5
+        while live.store.latest("health", "recorder").get("dropped_samples") != 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        h = live.store.latest("health", "recorder")
+        assert h.get("state") == "degraded" and h.get("dropped_samples") == 7 and "7 samples" in h.get("message")
+    finally:
+        live.stop()

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import gputop
 from gputop.model import KIND_HEALTH, Sample, Source, health_data
+from gputop.sources.base import Heartbeat
 from gputop.session.recording import FORMAT_MAJOR, FORMAT_MINOR, Recorder
 from gputop.session.store import Bus, SampleStore
 
@@ -140,7 +141,7 @@ class LiveSession:
             except Exception as e:  # a source must not take the session down with it
                 self.bus.publish(Sample(self.clock.now(), KIND_HEALTH, src.name,
                                         health_data("failed", f"could not start: {e}")))
-        if self.processors:
+        if self.processors or self.recorder is not None:
             self._derive_thread = threading.Thread(target=self._derive_loop, name="gputop-derive", daemon=True)
             self._derive_thread.start()
         self.started = True
@@ -161,8 +162,17 @@ class LiveSession:
 
     def _derive_loop(self) -> None:
         due = {p.name: 0.0 for p in self.processors}
+        recorder_health = Heartbeat()
         while not self._stop.wait(0.1):
             now = self.clock.now()
+            if self.recorder is not None:
+                # the recorder never blocks a source; when the disk falls behind it drops samples
+                # and says so here, live (the UI's Sources view, Prometheus) as well as in the file
+                h = self.recorder.health()
+                said = (h.get("state"), h.get("dropped_samples"))
+                if recorder_health.due(said, now):
+                    recorder_health.mark(said, now)
+                    self.bus.publish(Sample(now, KIND_HEALTH, "recorder", h))
             for p in self.processors:
                 if now < due[p.name]:
                     continue

@@ -1,0 +1,221 @@
+"""The ``gputop`` command line: its parser, help texts and argument checks (gputop/cli.py wires
+what they ask for). Kept apart because most of it is help text, written for people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import gputop
+
+EPILOG = """\
+examples:
+  gputop                              pick a process to watch (GPU and Python
+                                      processes; without a terminal: the list)
+  gputop --pid 1234                   watch a running training process
+  gputop --pid 1234 --record r.gtrec  ... and record the session to r.gtrec
+  gputop --pid 1234 --headless --duration 60
+                                      no UI: sample 60 s, record, print a report
+  gputop run -- python train.py       start a script with the probe, watch it
+  gputop replay r.gtrec               replay a recording in the same UI
+  gputop report r.gtrec [--json]      summarise a recording
+  gputop demo                         a bundled workload, watched live
+  gputop demo --replay                the GPU panels without a GPU: a bundled
+                                      recording of an H200, replayed
+  gputop COMMAND --help               more on one command, with examples
+
+keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
+
+--headless without --record records into
+  {state}/recordings/
+(the newest 20, at most 1 GiB in all, are kept).
+
+exit status: 0 done, 1 failed at run time (no such process, unreadable
+file, ...), 2 bad command line (one line says what), 130 interrupted.
+
+docs (every metric, verdict and the report's JSON): {docs}
+"""
+
+RUN_EPILOG = """\
+COMMAND is the program to start, with its arguments, after `--`.
+
+the job's output:
+  --headless: the job's stdout and stderr pass through unchanged (with --json
+  its stdout goes to stderr, so stdout holds the report alone).
+  UI: they go to a log, whose path gputop prints when it ends:
+    {state}/logs/run-PID-DATE.log
+  (the last 10 logs are kept).
+
+the job's life:
+  The job does not depend on gputop: when gputop ends (q, the end of
+  --duration, a signal, even kill -9) the job goes on (gputop says so, with
+  its PID). With --stop-with-gputop, gputop's end stops the job and all it
+  started (SIGTERM, then SIGKILL after 5 s). Ctrl-C: in the UI it quits
+  gputop only; with --headless it reaches gputop (which writes its report)
+  and the job alike, as it would reach the job started without gputop; so
+  does the hang-up of a closing SSH session. In the UI the job's stdin is
+  /dev/null and a closing terminal does not reach it.
+
+examples:
+  gputop run -- python train.py --lr 3e-4
+  gputop run -- torchrun --nproc-per-node 8 train.py
+  gputop run --headless --duration 120 --json -- python train.py > report.json
+  gputop run --stop-with-gputop --record r.gtrec -- python train.py
+
+exit status: 0 done, 1 failed at run time (e.g. COMMAND cannot start),
+2 bad command line.
+"""
+
+DEMO_EPILOG = """\
+The workload is gputop's own and always stops with gputop. Its output
+passes through with --headless; with the UI it goes to a log:
+  {state}/logs/demo-PID-DATE.log
+
+--replay plays a recording of a real session on an H200, bundled with
+gputop: the GPU panels on a machine without a GPU (no workload starts).
+
+examples:
+  gputop demo                             the default workload, in the UI
+  gputop demo --list                      the scenarios and recordings
+  gputop demo --scenario python --headless --duration 10
+  gputop demo --replay                    replay the gpu_bound recording
+  gputop demo --replay input_bound --headless   its report, no UI
+"""
+
+REPLAY_EPILOG = """\
+examples:
+  gputop replay r.gtrec
+  gputop replay r.gtrec --speed 4 --paused
+  gputop replay "$(ls -t {state}/recordings/*.gtrec | head -1)"
+                                    the newest recording made by --headless
+
+keys: space play/pause, left/right seek 10 s, [ ] seek 1 min, q quit
+"""
+
+REPORT_EPILOG = """\
+examples:
+  gputop report r.gtrec
+  gputop report r.gtrec --json > report.json
+  gputop report "$(ls -t {state}/recordings/*.gtrec | head -1)"
+                                    the newest recording made by --headless
+
+exit status: 0 done, 1 the file cannot be read, 2 bad command line.
+"""
+
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 10.0
+RECORDINGS_KEPT, RECORDINGS_MAX_BYTES = 20, 1 << 30
+
+
+class UsageError(Exception):
+    """Bad command line: exit code 2."""
+
+
+class CliError(Exception):
+    """Anything else the user must fix: exit code 1."""
+
+
+def _pid_arg(text: str) -> int:
+    """--pid: a positive process id; anything else is a bad command line (exit 2)."""
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a process id (1, 2, ...), not {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive process id, not {pid}")
+    return pid
+
+
+def _add_attach_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("watching a process")
+    g.add_argument("--gpu", type=int, action="append", metavar="N",
+                   help="watch GPU N (repeatable); default: the GPUs the process uses "
+                        "(all until it uses one)")
+    g.add_argument("--interval", type=float, default=0.1, metavar="S",
+                   help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} "
+                        "(default 0.1); host sampling runs at max(0.5, S)")
+    g.add_argument("--record", metavar="FILE",
+                   help="record the session to FILE, a new .gtrec file (created 0600)")
+    g.add_argument("--headless", action="store_true",
+                   help="no UI: sample for --duration seconds, record (to --record FILE, else "
+                        "into the state directory: see gputop --help), print the report")
+    g.add_argument("--duration", type=float, metavar="S",
+                   help="with --headless: how long to sample (seconds)")
+    g.add_argument("--json", action="store_true", help="with --headless: print the report as JSON")
+    g.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
+    g.add_argument("--prometheus", metavar="[HOST:]PORT",
+                   help="serve the session's metrics to Prometheus on http://HOST:PORT/metrics "
+                        "(host default 127.0.0.1; 0.0.0.0 for all interfaces; docs/prometheus.md)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (what is wrong, where to look), not the
+    usage block followed by the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"gputop: error: {message} (see {self.prog} --help)\n")
+
+
+def _state_for_help() -> str:
+    from gputop.sources.files import state_base
+
+    home = os.path.expanduser("~")
+    base = state_base()
+    return "~" + base[len(home):] if home not in ("", "/") and base.startswith(home + os.sep) else base
+
+
+def _docs_for_help() -> str:
+    from gputop.demo.bundled import docs_dir
+
+    return docs_dir() or "docs/ in gputop's source tree (the clone it was installed from)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    state = _state_for_help()
+    raw = argparse.RawDescriptionHelpFormatter
+    p = _Parser(
+        prog="gputop",
+        description="Why is my training job slow? Live GPU counters, Python stacks and step\n"
+                    "timings, fused into bottleneck verdicts.",
+        epilog=EPILOG.format(state=state, docs=_docs_for_help()), formatter_class=raw)
+    p.add_argument("--version", action="version", version=f"gputop {gputop.__version__}")
+    p.add_argument("--pid", type=_pid_arg, metavar="PID",
+                   help="the process to watch (a training script or launcher)")
+    _add_attach_options(p)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND",
+                           help="replay, report, demo or run (gputop COMMAND --help)")
+
+    r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.",
+                       epilog=REPLAY_EPILOG.format(state=state), formatter_class=raw)
+    r.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
+    r.add_argument("--speed", type=float, default=1.0, help="playback speed, 0.25-16 (default 1)")
+    r.add_argument("--paused", action="store_true", help="start paused at the beginning")
+
+    rep = sub.add_parser("report", help="summarise a recording", description="Summarise a recording.",
+                         epilog=REPORT_EPILOG.format(state=state), formatter_class=raw)
+    rep.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
+    rep.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
+
+    d = sub.add_parser("demo", help="run a bundled workload and watch it",
+                       description="Start a bundled training workload as a child process and watch it.",
+                       epilog=DEMO_EPILOG.format(state=state), formatter_class=raw)
+    d.add_argument("--scenario", default="default", help="which workload (see --list)")
+    d.add_argument("--list", action="store_true", help="list the scenarios and recordings, and exit")
+    d.add_argument("--replay", nargs="?", const="", metavar="NAME",
+                   help="replay a bundled H200 recording instead (default gpu_bound; --list "
+                        "names them); with --headless print its report")
+    _add_attach_options(d)
+    d.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
+
+    run = sub.add_parser("run", help="start a command with the in-process probe and watch it",
+                         description="Start COMMAND with gputop's in-process probe loaded, and watch it.",
+                         usage="gputop run [options] -- COMMAND [ARGS...]",
+                         epilog=RUN_EPILOG.format(state=state), formatter_class=raw)
+    _add_attach_options(run)
+    run.add_argument("--stop-with-gputop", action="store_true",
+                     help="stop the job (and all it started) when gputop ends; by default "
+                          "it goes on")
+    run.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                     help="the program to start and its arguments, after --")
+    return p
