@@ -35,6 +35,7 @@ from gputop.ui.app import GputopApp  # noqa: E402
 from gputop.verdicts import default_processors  # noqa: E402
 
 DEFAULT = ("input_bound", "gpu_bound")
+REAL = ("hf_trainer-pid", "checkpoint_stall-pid")  # real training code, watched from its start
 SHOTS = (  # (suffix, terminal size, view shown)
     ("overview-80x24", (80, 24), "overview"),
     ("overview", (120, 36), "overview"),
@@ -43,6 +44,7 @@ SHOTS = (  # (suffix, terminal size, view shown)
     ("threads", (120, 36), "threads"),
     ("steps", (120, 36), "steps"),
     ("processes", (120, 36), "procs"),
+    ("time", (120, 36), "time"),
 )
 
 
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     os.environ["TZ"] = "UTC"
     time.tzset()
-    recordings = a.recordings or [str(ROOT / "tests" / "data" / "h200" / f"{n}.gtrec") for n in DEFAULT]
+    recordings = a.recordings or ([str(ROOT / "tests" / "data" / "h200" / f"{n}.gtrec") for n in DEFAULT]
+                                  + [str(ROOT / "tests" / "data" / "h200" / "real" / f"{n}.gtrec") for n in REAL])
     if not recordings:
         print("make_screenshots: no recordings given and none in tests/data", file=sys.stderr)
         return 1
