@@ -205,3 +205,62 @@ def test_without_stacks_the_budget_is_the_gpu_and_the_probe_labelled():
     assert last["probe"]["steps_per_s"] > 1 and last["probe"]["gpu_share"] is not None
     phases = [s.get("phase") for s in got if s.kind == "phase"]
     assert "training" in phases                                   # from the probe's steps
+
+
+def test_a_job_whose_ranks_ended_is_still_judged_on_its_rank():
+    """When the ranks exit, the budget stays with the lowest rank (not the launcher), and no
+    time is counted twice: the session budget covers at most the recording."""
+    rep = build_report(str(REAL.parent / "ranks.gtrec"))
+    total = sum(b["seconds"] for b in rep["budget"]["by_phase"].values())
+    assert total <= rep["session"]["duration_s"] + 1.0
+    assert "training" in [p["phase"] for p in rep["phases"]]
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_phase_changes_run_forward_in_time(name):
+    ts = [p["t"] for p in _report(name)["phases"]]
+    assert ts == sorted(ts)
+
+
+def test_the_session_budget_covers_the_file_to_its_end():
+    """The windows of the last seconds are settled at the end of the file, not left out."""
+    from gputop.session.recording import RecordingReader
+
+    rep = _report("hf_trainer-run.gtrec")
+    covered = sum(b["seconds"] for b in rep["budget"]["by_phase"].values())
+    with RecordingReader(str(REAL / "hf_trainer-run.gtrec")) as reader:
+        main = rep["session"]["target"]["pid"]
+        spans = [d for ref in reader.index.chunks for kind, key, ts, cols in reader.read_series(ref)
+                 if kind == "stacks" and key == str(main) for d in cols["dur_s"]]
+    assert covered >= sum(spans) - 0.5    # every py-spy window of the main thread, the last ones too
+
+
+def test_one_malformed_stacks_sample_does_not_stop_the_budget():
+    """A damaged or hostile recording: one window's stacks of the wrong type is skipped, and the
+    budget, the phases and the verdicts go on."""
+    from gputop.model import Sample
+    from gputop.session.replay import ReplaySession
+    from gputop.session.store import CallbackSubscriber
+
+    class Poisoned(ReplaySession):
+        done = False
+
+        def _chunk(self, ref):
+            out = []
+            for s in super()._chunk(ref):
+                if s.kind == "stacks" and not Poisoned.done and s.t > 7.0:
+                    Poisoned.done = True
+                    th = [dict(s.data["threads"][0], stacks=5)] + list(s.data["threads"][1:])
+                    s = Sample(s.t, s.kind, s.key, {**s.data, "threads": th})
+                out.append(s)
+            return out
+
+    got = []
+    session = Poisoned(str(REAL / "hf_trainer-pid.gtrec"), processors=default_processors(), start_playing=False,
+                       seek_window_s=0.0)
+    session.bus.subscribe(CallbackSubscriber(got.extend))
+    session.play_to(session.t_end)
+    session.stop()
+    assert Poisoned.done
+    assert not [s for s in got if s.kind == "health" and s.key == "budget" and s.get("state") == "failed"]
+    assert any(s.kind == "verdict_primary" and s.get("id") == "host_bound" for s in got)

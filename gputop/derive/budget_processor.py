@@ -38,9 +38,13 @@ _GPU_ONLY = Naming(UNKNOWN, None, None, "unknown", None)
 
 
 def judged_process(store, now: float) -> tuple[str | None, list[str] | None]:
-    """(PID, its GPUs or None) of the process whose main thread the budget follows."""
-    ranks = [r for r in rank_table(store, now) if r.get("state") != "exited" and r.get("rank") is not None]
-    if len(ranks) >= 1:
+    """(PID, its GPUs or None) of the process whose main thread the budget follows: the lowest
+    running rank (the one the verdicts judge first), else the lowest rank that ran (a job whose
+    ranks ended is still about them, never about its launcher), else the target."""
+    table = [r for r in rank_table(store, now) if r.get("rank") is not None]
+    running = [r for r in table if r.get("state") != "exited"]
+    ranks = running or table
+    if ranks:
         r = min(ranks, key=lambda r: r["rank"] if isinstance(r["rank"], int) else 1 << 30)
         gpu = r.get("gpu")
         return str(r["pid"]), ([str(gpu)] if gpu is not None else None)
@@ -71,6 +75,7 @@ class BudgetProcessor:
         self.gpu_source = None
         self.probe_phases = False        # phases from the probe's windows (no stacks to read)
         self.reset_phase = False         # say "phase unknown" once after the judged process changed
+        self.last_judged = None          # the last judged phase (for time settled after the end)
         self.probe_t = float("-inf")
 
     def process(self, store, now: float) -> list[Sample]:
@@ -105,7 +110,7 @@ class BudgetProcessor:
         if phase is not None and self.tracker.since is not None:
             start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
             if start is not None:
-                since = max(since, min(start, now - MIN_WINDOW_S))
+                since = max(since, start)   # never judged with what came before the phase in it
         moments, source = self.builder.moments(store, pid, since, now, gpus)
         if not moments:
             moments, source = self._gpu_only(store, since, gpus)
@@ -126,10 +131,6 @@ class BudgetProcessor:
             self.session_said_t = now
         return out
 
-    def finish(self, now: float) -> Sample | None:
-        """The session budget as it stands (the report asks for it at the end of a file)."""
-        return Sample(now, KIND_BUDGET, "session", self.session_data(now)) if self.session else None
-
     # -- internals ---------------------------------------------------------------------------
 
     def _settle(self, store, now: float, pid: str, gpus: list[str]) -> bool:
@@ -143,26 +144,51 @@ class BudgetProcessor:
         probe = store.window(KIND_PROBE_STEP, windows[0].t - 30.0).get(pid, [])
         for s in windows:
             final = s.t <= now - SETTLE_S or (kernel_newest is not None and kernel_newest.t >= s.t
-                                             and (busy.newest is None or busy.newest >= s.t))
+                                             and busy.newest is not None and busy.newest >= s.t)
             if not final:
                 break
-            ms, _src = self.builder.moments(store, pid, s.t - float(s.get("dur_s") or 2.0) - 0.5, now, gpus)
-            ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
-            t0 = ms[0].t - ms[0].dt / 2 if ms else s.t
-            hints = Counter(m.naming.hint for m in ms if m.naming.hint)
-            steps = sum(int(p.get("step_n") or 0) for p in probe if t0 - 0.5 <= p.t <= s.t + 0.5)
-            before = self.tracker.phase
-            # training starts at its first backward/optimizer moment, not at the window's start
-            first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
-            if self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, s.t, hints, len(ms),
-                                   ms[0].dt if ms else 0.0, steps):
-                changed = True
-            phase = self.tracker.phase or ph.STARTUP
-            for m in ms:
-                p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase
-                self.session.setdefault(p, Budget()).add(m)
+            try:
+                changed = self._settle_window(store, now, pid, gpus, s, probe) or changed
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError):
+                pass   # a malformed window (a damaged or hostile recording) is skipped, not retried forever
             self.done_t = s.t
         return changed
+
+    def _settle_window(self, store, now: float, pid: str, gpus: list[str], s, probe) -> bool:
+        """One final py-spy window: its phase, and its moments into the session budget."""
+        changed = False
+        dur = s.get("dur_s")
+        dur = float(dur) if type(dur) in (int, float) and 0 < dur < 600 else 2.0
+        ms, _src = self.builder.moments(store, pid, s.t - dur - 0.5, now, gpus)
+        ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
+        t0 = ms[0].t - ms[0].dt / 2 if ms else s.t
+        hints = Counter(m.naming.hint for m in ms if m.naming.hint)
+        steps = sum(p.get("step_n") for p in probe
+                    if t0 - 0.5 <= p.t <= s.t + 0.5 and type(p.get("step_n")) is int)
+        before = self.tracker.phase
+        # training starts at its first backward/optimizer moment, not at the window's start
+        first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
+        if self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, s.t, hints, len(ms),
+                               ms[0].dt if ms else 0.0, steps):
+            changed = True
+        phase = self.tracker.phase or ph.STARTUP
+        for m in ms:
+            p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase
+            if p == ph.ENDED:
+                p = self.last_judged or ph.TRAINING   # time after the exit belongs to what it was doing
+            self.session.setdefault(p, Budget()).add(m)
+        if phase in ph.JUDGED:
+            self.last_judged = phase
+        return changed
+
+    def at_end(self, store, now: float) -> list[Sample]:
+        """The end of a recording: settle every window left (nothing comes after them) and say
+        the session budget as it stands, so the report covers the whole file."""
+        pid = self.pid
+        if pid is None:
+            return []
+        self._settle(store, float("inf"), pid, chosen_gpus(store, judged_process(store, now)[1]))
+        return [Sample(now, KIND_BUDGET, "session", self.session_data(now))] if self.session else []
 
     @staticmethod
     def _stacks_expected(store) -> bool:
@@ -231,7 +257,13 @@ class BudgetProcessor:
     def session_data(self, now: float) -> dict:
         return {"phases": {p: b.to_data() for p, b in self.session.items()},
                 "startup": self.tracker.startup(now), "startup_text": self.tracker.describe_startup(now),
-                "changes": self.tracker.changes[-200:]}
+                "changes": _bounded(self.tracker.changes)}
+
+
+def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:
+    """The first and the last phase changes (a long job that checkpoints every minute changes
+    phase thousands of times; its start-up -> training change must stay)."""
+    return changes if len(changes) <= head + tail else changes[:head] + changes[-tail:]
 
 
 def _r(x, nd: int = 4):

@@ -14,9 +14,11 @@ import bisect
 from collections import OrderedDict
 
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_STACKS, KIND_THREAD_KERNEL
-from gputop.derive.budget import BLOCKED, COLLECTIVE, DATA, IO, SYNC, KernelSplit, Moment, Naming, name_stack
+from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, KernelSplit, Moment, Naming,
+                                  name_stack)
 
 SETTLE_S = 3.0   # a py-spy window's moments are final once the GPU and kernel samples after it are in
+MAX_SAMPLES = 20000  # samples of one thread in one py-spy window (20 Hz x 2 s is 40; a file may claim more)
 _NAMED_OFF = (DATA, SYNC, BLOCKED, COLLECTIVE, IO)
 _NUM = (int, float)
 
@@ -66,7 +68,7 @@ class GpuBusy:
         vals = []
         for ts, vs in self.lines:
             i = bisect.bisect_left(ts, t)
-            if i < len(ts) and ts[i] - t <= 1.0:
+            if i < len(ts) and ts[i] - t <= GPU_SAMPLE_MAX_S:
                 vals.append(vs[i])
         return sum(vals) / len(vals) if vals else None
 
@@ -99,18 +101,21 @@ class MomentBuilder:
 
     def __init__(self, max_windows: int = 256):
         self._cache: OrderedDict = OrderedDict()   # id(stacks sample) -> (sample, moments)
-        self._names: OrderedDict = OrderedDict()   # (id(sample), stack index) -> Naming
+        self._names: OrderedDict = OrderedDict()   # (id(sample), stack index) -> (sample, Naming)
+        self.with_gpu = False
         self.max_windows = max_windows
 
     def reset(self) -> None:
         self._cache.clear()
         self._names.clear()
+        self.with_gpu = False
 
     def moments(self, store, pid: str, since: float, now: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
         """The moments since ``since``, oldest first, and the GPU source that judged them."""
         # (a rank's windows come from py-spy's --subprocesses runs: not "main", still its own)
         stacks = store.window(KIND_STACKS, since).get(pid, [])
         busy = GpuBusy(store, since - 2.0, gpus)
+        self.with_gpu = self.with_gpu or bool(busy.lines)   # once a session has GPU counters, it has them
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
         out: list[Moment] = []
         for s in stacks:
@@ -129,14 +134,16 @@ class MomentBuilder:
         return out, busy.source
 
     def _naming(self, s, idx: int, frames, stack, code) -> Naming:
+        # keyed by the sample's id, and kept with the sample itself: a freed sample's id can be
+        # reused by a new one, which must not inherit its names
         key = (id(s), idx)
         got = self._names.get(key)
-        if got is None:
+        if got is None or got[0] is not s:
             leaf = code.get(str(stack[-1])) if stack else None
-            got = self._names[key] = name_stack(frames, stack, leaf if isinstance(leaf, str) else None)
+            got = self._names[key] = (s, name_stack(frames, stack, leaf if isinstance(leaf, str) else None))
             while len(self._names) > 16384:
                 self._names.popitem(last=False)
-        return got
+        return got[1]
 
     def _window(self, s, pid: str, busy: GpuBusy, kernel: list) -> list[Moment]:
         data = s.data
@@ -150,11 +157,12 @@ class MomentBuilder:
         frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
                   else ["?", "", 0] for f in frames]
         stacks = []
-        for entry in th.get("stacks") or []:
+        entries = th.get("stacks")
+        for entry in entries if isinstance(entries, list) else []:
             try:
                 count, stack = entry
                 stacks.append((int(count), [int(i) for i in stack]))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 stacks.append((0, []))
         unknown = Naming("unknown", None, None, "unknown", None)
         names = [self._naming(s, i, frames, st, code) if st else unknown for i, (_c, st) in enumerate(stacks)]
@@ -164,10 +172,15 @@ class MomentBuilder:
         if timed:
             for j in range(0, len(seq), 2):
                 i, count = seq[j], seq[j + 1]
-                order.extend([names[i] if 0 <= i < len(names) else unknown] * max(0, min(count, 100000)))
+                order.extend([names[i] if 0 <= i < len(names) else unknown] * max(0, min(count, MAX_SAMPLES)))
+                if len(order) > MAX_SAMPLES:
+                    break
         else:
             for (count, _st), nm in zip(stacks, names):
-                order.extend([nm] * max(0, min(count, 100000)))
+                order.extend([nm] * max(0, min(count, MAX_SAMPLES)))
+                if len(order) > MAX_SAMPLES:
+                    break
+        del order[MAX_SAMPLES:]
         n = len(order)
         if n == 0:
             return []
@@ -175,7 +188,7 @@ class MomentBuilder:
         mean_busy = None if timed else busy.mean(t0, t0 + dur)
         ms = [Moment(t0 + (i + 0.5) * dt, dt, busy.at(t0 + (i + 0.5) * dt) if timed else mean_busy, nm)
               for i, nm in enumerate(order)]
-        if busy.lines:
+        if busy.lines or self.with_gpu:
             # with GPU counters, a moment without a GPU sample near it cannot be joined: leave it
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]

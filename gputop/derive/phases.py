@@ -56,12 +56,15 @@ class PhaseTracker:
                startup_if_quiet: bool = False) -> str | None:
         """Update with one py-spy window [t0, t1] of ``n`` moments; returns the new phase when
         it changed, else None."""
+        if self.phase == ENDED:
+            return None   # windows settled after the exit do not bring the job back
         train = hints.get(fr.TRAIN, 0) > 0 or probe_steps > 0
         starting = (n > 0 and sum(hints.get(p, 0) for p in fr.STARTUP_PARTS) / n >= STARTUP_SHARE) or startup_if_quiet
         if train:
             new = CHECKPOINTING if n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE else TRAINING
         elif n and hints.get(fr.EVAL, 0) / n >= EVAL_SHARE:
             new = EVALUATION
+            self.quiet = 0
         elif n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE and self.phase in JUDGED:
             new = CHECKPOINTING
         elif self.phase is None:
@@ -69,6 +72,11 @@ class PhaseTracker:
         elif self.phase == STARTUP:
             self.quiet = 0 if starting else self.quiet + 1
             new = RUNNING if self.quiet >= QUIET_WINDOWS else STARTUP
+        elif self.phase == EVALUATION:
+            # an evaluation that ends without training frames after it (a loop the frame tables
+            # do not know) must not keep the job unjudged forever
+            self.quiet += 1
+            new = RUNNING if self.quiet >= QUIET_WINDOWS else EVALUATION
         elif self.phase == CHECKPOINTING:
             new = TRAINING
         else:

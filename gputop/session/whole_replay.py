@@ -90,6 +90,13 @@ def replay_whole(path: str, processors: list[Processor], kinds: Iterable[str] | 
             session.play_to(t)
             if progress is not None:
                 progress((t - t0) / max(t1 - t0, 1e-9))
+        if not out.cancelled and session._error is None:
+            # the end of the file: a processor that holds back what is not final yet (the time
+            # budget waits for the samples after a window) settles the rest now
+            for p in processors:
+                at_end = getattr(p, "at_end", None)
+                if at_end is not None:
+                    session.bus.publish_many(at_end(session.store, t))
         out.covers_to = t
         out.notice = session.notice
         if session._error is not None:

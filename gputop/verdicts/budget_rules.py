@@ -149,7 +149,8 @@ def loop_blocked(sig: Signals) -> Finding | None:
               "them less frequent; remove sleeps from the loop.")
     if where:
         advice = f"It waits in {where}. " + advice
-    return loop_blocked.spec.finding(level=named / LOOP_BLOCKED_SHARE, lost_share=share, confidence=0.75,
+    # ranked by the share it judges (the named calls), not by the kernel's off-CPU guess
+    return loop_blocked.spec.finding(level=named / LOOP_BLOCKED_SHARE, lost_share=min(share, named), confidence=0.75,
                                      evidence={**_evidence(sig, budget, BLOCKED), "in_blocking_calls_pct": _pct(named),
                                                **sev}, advice=advice,
                                      summary=summary)

@@ -33,6 +33,7 @@ ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (n
 LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
 LEAVE_LEVEL = 0.8    # "fail" means: the level fell below 80% of its threshold
 MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a healthy verdict
+PHASE_STALE_S = 25.0  # a phase sample older than this (they come every 10 s) no longer holds
 MIN_WINDOW_S = 3.0   # a training stretch younger than this is judged over its first seconds
 NO_GPU_AFTER_EVALUATIONS = 10  # only after 10 s without GPU counters or steps say there are none
 # verdicts that describe the GPU's state rather than a cause of lost time
@@ -115,6 +116,8 @@ class VerdictEngine:
 
     def process(self, store, now: float) -> list[Sample]:
         phase = store.latest(KIND_PHASE, "main")
+        if phase is not None and phase.t < now - PHASE_STALE_S:
+            phase = None   # the budget processor stopped saying (it failed, or the file is damaged)
         ph = phase.get("phase") if phase is not None else None
         if ph is not None and ph not in JUDGED:
             # start-up, evaluation and the end are not training: no verdict is about them, and the
