@@ -438,7 +438,8 @@ class GputopApp(App[int]):
 
     def hints(self) -> list[tuple[str, str]]:
         n = len(self.view_specs)
-        views_key = f"1-{min(n, 9)}" if n > 1 else "1"
+        # keys 1-9, then 0 for the tenth view (view_number)
+        views_key = "0-9" if n >= 10 else (f"1-{n}" if n > 1 else "1")
         if self.session.playback is not None:
             return [("q", "quit"), ("?", "help"), ("space", "play"), ("←→", "±10s"), ("[]", "±1m"),
                     (",.", "step"), ("-+", "speed"), (views_key, "views")]
