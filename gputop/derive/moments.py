@@ -23,9 +23,10 @@ _NAMED_OFF = (DATA, SYNC, BLOCKED, COLLECTIVE, IO)
 _NUM = (int, float)
 
 
-def chosen_gpus(store, only: list[str] | None = None) -> list[str]:
+def chosen_gpus(store, only: list[str] | None = None, fallback: list[str] | None = None) -> list[str]:
     """The GPUs that judge the job: one rank's, else those the target uses, else those the
-    user chose, else all watched (the same choice the verdict signals make)."""
+    user chose, else all watched, else ``fallback`` (default: every GPU with samples). The one
+    choice the time budget and the verdict signals both make."""
     infos = store.latest_of_kind(KIND_GPU_INFO)
     if only:
         return list(only)
@@ -34,7 +35,7 @@ def chosen_gpus(store, only: list[str] | None = None) -> list[str]:
         if keys:
             return keys
     keys = [k for k, s in infos.items() if s.get("watched") is not False]
-    return keys or list(store.latest_of_kind(KIND_GPU))
+    return keys or (list(fallback) if fallback is not None else list(store.latest_of_kind(KIND_GPU)))
 
 
 class GpuBusy:

@@ -17,7 +17,7 @@ When the budget's stalls come back at a steady interval, the evidence names peri
 from __future__ import annotations
 
 from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO
-from gputop.verdicts.finding import SEVERITY_WARNING, Finding
+from gputop.verdicts.finding import SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import verdict
 from gputop.verdicts.signals import Signals
 
@@ -28,14 +28,7 @@ FRAMEWORK_CPU_SHARE = 0.40  # of the CPU time: then it is the framework's per-st
 HOST_BOUND_MIN_SM = 0.05    # % SM active that says kernels ran, where util.gpu is missing
 
 
-def _pct(x):
-    return None if x is None else round(100.0 * x)
-
-
-def _r(x):
-    return None if x is None else round(x, 1)
-
-
+_pct, _r = pct, rounded
 def _win(budget: dict) -> str:
     w = budget.get("window_s")
     return f"{w:.0f} s" if isinstance(w, (int, float)) else "window"

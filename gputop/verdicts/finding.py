@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+def pct(x, nd: int = 0):
+    """A 0-1 share as a percentage for evidence (None stays None: no value, not zero)."""
+    return None if x is None else round(100.0 * x, nd)
+
+
+def rounded(x, nd: int = 1):
+    """A number for evidence, rounded (None stays None)."""
+    return None if x is None else round(x, nd)
+
+
 SEVERITY_INFO = "info"
 SEVERITY_WARNING = "warning"
 SEVERITY_CRITICAL = "critical"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding
+from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
 from gputop.verdicts.workers import WORKERS_CPU_STARVED, input_advice, loader_config, worker_state
@@ -55,12 +55,7 @@ STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least
 STRAGGLER_GAP = 0.15              # ... and at least this much more than the rank they wait for
 
 
-def _pct(x, nd=0):
-    return None if x is None else round(100.0 * x, nd)
-
-
-def _r(x, nd=1):
-    return None if x is None else round(x, nd)
+_pct, _r = pct, rounded   # (short names: the evidence dicts below use them on every line)
 
 
 def _gate(level: float, ok: bool) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
@@ -89,13 +90,7 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
         return
     # The GPUs to judge: one rank's, else those the target uses, else those the user chose,
     # else all watched.
-    chosen = list(only or [])
-    if not chosen:
-        chosen = [k for k, s in infos.items() if s.get("chosen_by") == "target"]
-    if not chosen:
-        chosen = [k for k, s in infos.items() if s.get("chosen_by") == "user"]
-    if not chosen:
-        chosen = [k for k, s in infos.items() if s.get("watched") is not False] or list(series)
+    chosen = chosen_gpus(store, only, fallback=list(series))
     keys = [k for k in chosen if k in series]
     if not keys:
         return

@@ -132,7 +132,7 @@ class ProbeOverview(TextPanel):
     VIEW = "overview"
     ORDER = 30
     NEEDS = ("probe_step",)
-    TITLE = "Training steps (probe)"
+    TITLE = "Training steps (probe, newest ~1 s window)"
     METRICS = METRICS
 
     def shown(self, snap: Snapshot) -> bool:
@@ -196,7 +196,7 @@ class StepsPanel(TextPanel):
     VIEW = "steps"
     ORDER = 10
     NEEDS = ()  # always shown: without a probe it says what one would add and how to enable it
-    TITLE = "Training steps (in-process probe; history: last minute)"
+    TITLE = "Training steps (in-process probe; numbers: newest ~1 s window; history: last minute)"
     METRICS = []
 
     def draw(self, snap: Snapshot, width: int) -> Text:
