@@ -470,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_replay(a)
         if a.command == "report":
             return cmd_report(a)
+        if a.command == "diff":
+            from gputop.diff.command import run as cmd_diff
+
+            return cmd_diff(a.file_a, a.file_b, a.json, a.fail_above)
         if a.command == "demo":
             return cmd_demo(a, argv)
         if a.command == "run":

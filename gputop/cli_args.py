@@ -20,6 +20,7 @@ examples:
   gputop run -- python train.py       start a script with the probe, watch it
   gputop replay r.gtrec               replay a recording in the same UI
   gputop report r.gtrec [--json]      summarise a recording
+  gputop diff a.gtrec b.gtrec         compare two recordings (is B faster?)
   gputop demo                         a bundled workload, watched live
   gputop demo --replay                the GPU panels without a GPU: a bundled
                                       recording of an H200, replayed
@@ -103,6 +104,21 @@ examples:
 exit status: 0 done, 1 the file cannot be read, 2 bad command line.
 """
 
+DIFF_EPILOG = """\
+Compares B with A: steps/s and step time with a 95% interval (from the
+spread of fixed windows), the time budgets, verdicts that appeared or
+vanished, settings that changed, GPU counters and energy per step.
+
+examples:
+  gputop diff before.gtrec after.gtrec
+  gputop diff before.gtrec after.gtrec --json > diff.json
+  gputop diff base.gtrec pr.gtrec --fail-above 5    CI: fail on a >5% slowdown
+
+exit status: 0 compared (not slower than --fail-above), 1 B is slower than
+--fail-above PCT with 95% confidence, 2 bad command line or a recording that
+cannot be read, 3 --fail-above given but steps/s could not be compared.
+"""
+
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 10.0
 RECORDINGS_KEPT, RECORDINGS_MAX_BYTES = 20, 1 << 30
 
@@ -124,6 +140,17 @@ def _pid_arg(text: str) -> int:
     if pid <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive process id, not {pid}")
     return pid
+
+
+def _pct_arg(text: str) -> float:
+    """--fail-above: a percentage, 0 or more."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a percentage (5, 2.5), not {text!r}") from None
+    if not (0 <= v < 1e6):
+        raise argparse.ArgumentTypeError(f"must be a percentage of 0 or more, not {text}")
+    return v
 
 
 def _add_attach_options(p: argparse.ArgumentParser) -> None:
@@ -183,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the process to watch (a training script or launcher)")
     _add_attach_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND",
-                           help="replay, report, demo or run (gputop COMMAND --help)")
+                           help="replay, report, diff, demo or run (gputop COMMAND --help)")
 
     r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.",
                        epilog=REPLAY_EPILOG.format(state=state), formatter_class=raw)
@@ -195,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=REPORT_EPILOG.format(state=state), formatter_class=raw)
     rep.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
     rep.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
+
+    df = sub.add_parser("diff", help="compare two recordings",
+                        description="Compare two recordings: is B faster than A?", epilog=DIFF_EPILOG,
+                        formatter_class=raw)
+    df.add_argument("file_a", metavar="A", help="the baseline recording (.gtrec)")
+    df.add_argument("file_b", metavar="B", help="the recording to compare with it")
+    df.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
+    df.add_argument("--fail-above", type=_pct_arg, metavar="PCT",
+                    help="exit 1 when B is slower than A by more than PCT%% with 95%% confidence")
 
     d = sub.add_parser("demo", help="run a bundled workload and watch it",
                        description="Start a bundled training workload as a child process and watch it.",
