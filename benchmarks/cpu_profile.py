@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_profile.py OUTDIR [--seconds 30] [--scenario cpu_work] [--warmup 6]
                                      [--gputop-args "..."] [--label NAME] [--no-profile]
+                                     [--compare OTHER_CHECKOUT ...]
 
 Starts ``python -m gputop.demo.workload --scenario cpu_work`` (CPU torch work on its main thread;
 ``--scenario python`` needs no torch), attaches ``python -m gputop --pid W --headless`` and, after
@@ -17,6 +18,9 @@ Starts ``python -m gputop.demo.workload --scenario cpu_work`` (CPU torch work on
   only), each sample charged to the innermost frame in gputop's own code, then scaled so each
   thread's components add up to the thread's measured CPU.
 
+``--compare DIR`` attaches the gputop of another checkout (``git worktree add DIR HEAD~2``, or
+``git archive REV | tar -x -C DIR``) to the same target at the same time, so a before/after is
+measured under the same load (a shared box's load moves more than the change does).
 Prints % of one core per component and writes OUTDIR/cpu_profile-<label>.json.
 """
 
@@ -48,6 +52,9 @@ COMPONENTS = [
     (r"sources/kernel_wait\.py:harvest|sources/stacks\.py:_emit_kernel", "kernel-wait harvest"),
     (r"sources/kernel_wait\.py", "kernel-wait sampler (ticks)"),
     (r"sources/stacks\.py", "stacks loop"),
+    # a thread asleep between ticks: py-spy's idle test misses part of it, so this is an upper
+    # bound of the wake-ups' cost
+    (r"sources/base\.py:_nap", "sleeping between ticks (wake-ups)"),
     (r"sources/(host|host_procs|procfs|system|cgroups|ranks|target)\.py", "/proc walking (host)"),
     (r"sources/(nvml|nvml_gpu|nvml_slow|gpm|nvml_errors|nvml_fields)\.py", "NVML/GPM"),
     (r"sources/probe", "probe client"),
@@ -178,6 +185,28 @@ def _os_name(py_name: str) -> str:
     return "MainThread" if py_name == "MainThread" else py_name[:15]
 
 
+def _split(g_pid: int, dt: float, t0: dict, t1: dict, names: dict[int, str]) -> dict:
+    """One gputop's CPU over the window: per thread, py-spy children, total (% of one core)."""
+    th0, (reaped0, live0), own0 = t0["threads"], t0["children"], t0["own"]
+    th1, (reaped1, live1), own1 = t1["threads"], t1["children"], t1["own"]
+    # py-spy: children reaped in the window (their whole life, less what they had used before
+    # it) plus the part of the live ones' CPU used in it.
+    pyspy_s = (reaped1 - reaped0) - sum(c for pid, c in live0.items() if pid not in live1)
+    pyspy_s += sum(c - live0.get(pid, 0.0) for pid, c in live1.items())
+    per_thread: dict[str, float] = {}
+    for tid, (name, c1) in th1.items():
+        c0 = th0.get(tid, (name, 0.0))[1]
+        key = "MainThread" if tid == g_pid else name if name.startswith("gputop-") else names.get(tid, name)
+        per_thread[key] = per_thread.get(key, 0.0) + c1 - c0
+    return {"own_s": own1 - own0, "pyspy_s": pyspy_s,
+            "threads_pct": {k: round(100 * v / dt, 2) for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1])}}
+
+
+def _reading(pid: int) -> dict:
+    t = psutil.Process(pid).cpu_times()
+    return {"threads": thread_cpu(pid), "children": children_cpu(pid), "own": t.user + t.system}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -186,6 +215,8 @@ def main() -> int:
     ap.add_argument("--scenario", default="cpu_work")
     ap.add_argument("--gputop-args", default="")
     ap.add_argument("--label", default="headless")
+    ap.add_argument("--compare", action="append", default=[], metavar="TREE",
+                    help="also attach the gputop of this checkout, at the same time (same load): before/after")
     ap.add_argument("--no-profile", action="store_true", help="only the per-thread and py-spy split")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
@@ -194,105 +225,105 @@ def main() -> int:
     if not os.access(pyspy, os.X_OK):
         print("cpu_profile: py-spy not found (pip install py-spy)", file=sys.stderr)
         return 2
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = [("this", here)] + [(f"compare{i}", os.path.abspath(t)) for i, t in enumerate(a.compare)]
+    for _n, t in trees[1:]:
+        if not os.path.isfile(os.path.join(t, "gputop", "__main__.py")):
+            print(f"cpu_profile: {t} is not a gputop checkout", file=sys.stderr)
+            return 2
 
     w = subprocess.Popen([sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario,
-                          "--report-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                          "--report-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env={**os.environ, "PYTHONPATH": here})
     reader = RateReader(w)
     reader.start()
-    rec = os.path.join(a.outdir, f"cpu_profile-{a.label}.gtrec")
     raw_path = os.path.join(a.outdir, f"cpu_profile-{a.label}.raw.txt")
-    for stale in (rec, raw_path):
+    recs = {n: os.path.join(a.outdir, f"cpu_profile-{a.label}-{n}.gtrec") for n, _t in trees}
+    for stale in (raw_path, *recs.values()):
         if os.path.exists(stale):
             os.remove(stale)
-    g = prof = None
+    gs: dict[str, subprocess.Popen] = {}
+    prof = None
     try:
         time.sleep(3.0)
         if w.poll() is not None:
             print(f"cpu_profile: the workload {a.scenario} exited ({w.returncode})", file=sys.stderr)
             return 1
-        g = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(w.pid), "--headless", "--duration",
-                              str(a.warmup + a.seconds + 4), "--record", rec, "--json", *extra],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for n, tree in trees:
+            gs[n] = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(w.pid), "--headless", "--duration",
+                                      str(a.warmup + a.seconds + 4), "--record", recs[n], "--json", *extra],
+                                     cwd=tree, env={**os.environ, "PYTHONPATH": tree},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(a.warmup)
-        if g.poll() is not None:
-            print(f"cpu_profile: gputop exited ({g.returncode}): {g.stderr.read()[-400:]}", file=sys.stderr)
-            return 1
+        for n, g in gs.items():
+            if g.poll() is not None:
+                print(f"cpu_profile: gputop [{n}] exited ({g.returncode}): {g.stderr.read()[-400:]}", file=sys.stderr)
+                return 1
+        g = gs["this"]
         if not a.no_profile:
             prof = subprocess.Popen([pyspy, "record", "--nonblocking", "--threads", "-f", "raw", "--full-filenames",
                                      "-r", str(PROFILE_HZ), "-d", str(int(a.seconds)), "-o", raw_path,
                                      "-p", str(g.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        names = {n: python_thread_names(pyspy, gg.pid) for n, gg in gs.items()}
         t0 = time.monotonic()
-        py_names = python_thread_names(pyspy, g.pid)
-        th0 = thread_cpu(g.pid)
-        reaped0, live0 = children_cpu(g.pid)
-        wall0 = psutil.Process(g.pid).cpu_times()
+        r0 = {n: _reading(gg.pid) for n, gg in gs.items()}
         time.sleep(a.seconds)
         t1 = time.monotonic()
-        th1 = thread_cpu(g.pid)
-        reaped1, live1 = children_cpu(g.pid)
-        wall1 = psutil.Process(g.pid).cpu_times()
+        r1 = {n: _reading(gg.pid) for n, gg in gs.items()}
         if prof is not None:
             prof.wait(timeout=30)
-        g.wait(timeout=120)
+        for gg in gs.values():
+            gg.wait(timeout=120)
     finally:
-        for p in (prof, g, w):
+        for p in (prof, *gs.values(), w):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
     dt = t1 - t0
     rates = [r for t, r in reader.rates if t0 <= t <= t1]
-
-    # py-spy: children reaped in the window (their whole life, less what they had used before
-    # it) plus the part of the live ones' CPU used in it.
-    pyspy_s = (reaped1 - reaped0) - sum(c for pid, c in live0.items() if pid not in live1)
-    pyspy_s += sum(c - live0.get(pid, 0.0) for pid, c in live1.items())
-    per_thread: dict[str, float] = {}
-    for tid, (name, c1) in th1.items():
-        c0 = th0.get(tid, (name, 0.0))[1]
-        key = "MainThread" if tid == g.pid else name if name.startswith("gputop-") else py_names.get(tid, name)
-        per_thread[key] = per_thread.get(key, 0.0) + c1 - c0
-    own_s = (wall1.user + wall1.system) - (wall0.user + wall0.system)
-    pct = {k: round(100 * v / dt, 2) for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1])}
+    splits = {n: _split(gs[n].pid, dt, r0[n], r1[n], names[n]) for n in gs}
+    me = splits["this"]
+    pct = me["threads_pct"]
 
     # Inside the threads: each thread's measured CPU split by its profile's shares.
     profile = parse_raw(raw_path) if prof is not None else {}
-    components: dict[str, float] = {"py-spy processes": round(100 * pyspy_s / dt, 2)}
+    components: dict[str, float] = {"py-spy processes": round(100 * me["pyspy_s"] / dt, 2)}
     frames: dict[str, float] = {}
     for py_name, t in profile.items():
         cpu_pct = pct.get(_os_name(py_name))
         if cpu_pct is None or not t["n"]:
             continue
         for comp, n in t["components"].items():
-            key = comp if comp.startswith(("py-spy", "kernel", "stacks", "/proc", "NVML", "derive", "verdicts",
-                                           "recorder", "bus", "session", "probe", "exporter", "ui")) \
-                else f"{comp} [{_os_name(py_name)}]"
+            key = comp if not comp.startswith(("other", "outside", "sleeping")) else f"{comp} [{_os_name(py_name)}]"
             components[key] = components.get(key, 0.0) + cpu_pct * n / t["n"]
         for where, n in t["frames"].items():
             frames[where] = frames.get(where, 0.0) + cpu_pct * n / t["n"]
-    total_pct = 100 * (own_s + pyspy_s) / dt
+
+    def totals(sp):
+        return {"total_pct_of_core": round(100 * (sp["own_s"] + sp["pyspy_s"]) / dt, 2),
+                "gputop_process_pct": round(100 * sp["own_s"] / dt, 2),
+                "pyspy_children_pct": round(100 * sp["pyspy_s"] / dt, 2), "threads_pct": sp["threads_pct"]}
+
     summary = {
         "label": a.label, "scenario": a.scenario, "gputop_args": extra, "seconds": round(dt, 2),
         "cpu_count": os.cpu_count(), "loadavg": os.getloadavg(),
         "target_steps_per_s": round(statistics.mean(rates), 3) if rates else None,
-        "total_pct_of_core": round(total_pct, 2),
-        "gputop_process_pct": round(100 * own_s / dt, 2),
-        "pyspy_children_pct": round(100 * pyspy_s / dt, 2),
-        "threads_pct": pct,
+        **totals(me),
         "components_pct": {k: round(v, 2) for k, v in sorted(components.items(), key=lambda kv: -kv[1])},
         "top_frames_pct": {k: round(v, 3) for k, v in sorted(frames.items(), key=lambda kv: -kv[1])[:25]},
         "profile_samples": {k: v["n"] for k, v in profile.items()},
-        "gputop_stderr_tail": (g.stderr.read()[-400:] if g and g.stderr else ""),
+        "compared": {tree: totals(splits[n]) for n, tree in trees[1:]},
+        "gputop_stderr_tail": (gs["this"].stderr.read()[-400:] if gs["this"].stderr else ""),
     }
     with open(os.path.join(a.outdir, f"cpu_profile-{a.label}.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(f"\ncpu_profile [{a.label}] gputop --headless {' '.join(extra)} on {a.scenario}, {dt:.0f} s, "
-          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-    print(f"total {total_pct:.2f}% of one core = gputop process {summary['gputop_process_pct']}% "
-          f"+ py-spy children {summary['pyspy_children_pct']}%   (target {summary['target_steps_per_s']} steps/s)")
-    print("  by thread (% of one core):")
-    for k, v in pct.items():
-        if v > 0:
-            print(f"    {k:<20} {v:6.2f}")
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, target {summary['target_steps_per_s']} steps/s")
+    for n, tree in trees:
+        tt = totals(splits[n])
+        print(f"[{'this checkout' if n == 'this' else tree}] total {tt['total_pct_of_core']:.2f}% of one core = "
+              f"gputop process {tt['gputop_process_pct']}% + py-spy children {tt['pyspy_children_pct']}%")
+        print("  by thread: " + "  ".join(f"{k} {v:.2f}" for k, v in tt["threads_pct"].items() if v > 0))
     if profile:
         print("  by component (% of one core; threads split by a py-spy profile of gputop):")
         for k, v in summary["components_pct"].items():
