@@ -202,6 +202,12 @@ def _split(g_pid: int, dt: float, t0: dict, t1: dict, names: dict[int, str]) -> 
             "threads_pct": {k: round(100 * v / dt, 2) for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1])}}
 
 
+def _env_for(tree: str) -> dict:
+    """This environment with ``tree``'s gputop first on the path (installed wheels stay)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": tree + (os.pathsep + rest if rest else "")}
+
+
 def _reading(pid: int) -> dict:
     t = psutil.Process(pid).cpu_times()
     return {"threads": thread_cpu(pid), "children": children_cpu(pid), "own": t.user + t.system}
@@ -234,7 +240,7 @@ def main() -> int:
 
     w = subprocess.Popen([sys.executable, "-m", "gputop.demo.workload", "--scenario", a.scenario,
                           "--report-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env={**os.environ, "PYTHONPATH": here})
+                         env=_env_for(here))
     reader = RateReader(w)
     reader.start()
     raw_path = os.path.join(a.outdir, f"cpu_profile-{a.label}.raw.txt")
@@ -252,7 +258,7 @@ def main() -> int:
         for n, tree in trees:
             gs[n] = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(w.pid), "--headless", "--duration",
                                       str(a.warmup + a.seconds + 4), "--record", recs[n], "--json", *extra],
-                                     cwd=tree, env={**os.environ, "PYTHONPATH": tree},
+                                     cwd=tree, env=_env_for(tree),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(a.warmup)
         for n, g in gs.items():
