@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost fixtures scenarios captures stacks launchcost probe ranks export real
+# Phases: env nvml host cost monitors fixtures scenarios captures stacks launchcost probe ranks export real
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -56,6 +56,19 @@ phase_cost() {
   timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
       --label full-gpu_bound > "$d/full.txt" 2>&1
   tail -8 "$d/full.txt" | tee -a "$SUMMARY"
+}
+
+phase_monitors() {
+  # issue 14: nvitop (default, --interval 0.25), gputop headless and the UI (120x40 ptys) side by
+  # side against the GPU-bound loop, three rounds; then the headless cost by component
+  local d=$RES/monitors; mkdir -p "$d"
+  timeout 450 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations 3 \
+      --monitors nvitop,nvitop_fast,headless,ui --settle 4 --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
+  tail -7 "$d/monitors.txt" | tee -a "$SUMMARY"
+  timeout 150 $PY benchmarks/cpu_profile.py "$d" --scenario gpu_bound --seconds 30 --label headless-gpu_bound \
+      > "$d/cpu_profile.txt" 2>&1
+  head -30 "$d/cpu_profile.txt" | tee -a "$SUMMARY"
+  rm -f "$d"/*.gtrec
 }
 
 # run_headless NAME SECONDS DIR EXTRA_GPUTOP_ARGS... : start scenario NAME with the probe loaded

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 DATA, COLLECTIVE, CUDA, IDLE, PYTHON, UNKNOWN = "data", "collective", "cuda", "idle", "python", "unknown"
 PRIORITY = (DATA, COLLECTIVE, CUDA, IDLE)
@@ -108,12 +109,10 @@ def classify(frames: list, stack: list[int], leaf_code: str | None) -> tuple[str
     for pos, i in enumerate(stack):
         if not (0 <= i < len(frames)):
             continue
-        name, path = frames[i][0], frames[i][1]
-        for rule in FRAME_RULES:
+        for rule in _frame_rules_matching(frames[i][0], frames[i][1]):
             if rule.category in found or (rule.where == "leaf" and pos != leaf):
                 continue
-            if rule.matches(name, path):
-                found[rule.category] = rule.why
+            found[rule.category] = rule.why
     if leaf_code:
         for lr in LINE_RULES:
             if lr.category not in found and lr.pattern.search(leaf_code):
@@ -122,6 +121,31 @@ def classify(frames: list, stack: list[int], leaf_code: str | None) -> tuple[str
         if cat in found:
             return cat, found[cat]
     return PYTHON, ""
+
+
+# The rules are matched once per distinct (function, file): a process's stacks repeat the same
+# frames window after window, and a torch stack is ~100 frames deep against ~50 rules, so
+# matching every frame of every stack again was most of the derive thread's CPU
+# (benchmarks/cpu_profile.py). The answers depend on the name and path only.
+_MEMO_FRAMES = 16384
+
+
+def _memo(fn):
+    cached = lru_cache(maxsize=_MEMO_FRAMES)(fn)
+
+    def lookup(name, path):
+        if type(name) is str and type(path) is str:
+            return cached(name, path)
+        return fn(name, path)   # a malformed frame of a damaged file: as before, uncached
+
+    lookup.cache_clear = cached.cache_clear
+    return lookup
+
+
+@_memo
+def _frame_rules_matching(name: str, path: str) -> tuple[FrameRule, ...]:
+    """The FRAME_RULES (in their order) this frame matches, wherever it is on the stack."""
+    return tuple(rule for rule in FRAME_RULES if rule.matches(name, path))
 
 
 def is_dataloader_worker(frames: list, stack: list[int]) -> bool:
@@ -210,17 +234,42 @@ def is_import_frame(name: str, path: str) -> bool:
     return path.startswith("<frozen importlib") or path.endswith("importlib/__init__.py")
 
 
+@_memo
+def _io_rule_why(name: str, path: str) -> str | None:
+    """The why of the first IO_RULES rule this frame matches, or None."""
+    for rule in IO_RULES:
+        if rule.matches(name, path):
+            return rule.why
+    return None
+
+
 def io_why(frames: list, stack: list[int], leaf_code: str | None) -> str | None:
     """Why this stack is file I/O, or None."""
     for i in stack:
         if 0 <= i < len(frames):
-            name, path = frames[i][0], frames[i][1]
-            for rule in IO_RULES:
-                if rule.matches(name, path):
-                    return rule.why
+            why = _io_rule_why(frames[i][0], frames[i][1])
+            if why is not None:
+                return why
     if leaf_code and IO_LINE.search(leaf_code):
         return "a file write"
     return None
+
+
+@_memo
+def _phase_hints_of(name: str, path: str) -> frozenset[str]:
+    """Every phase hint one frame gives: its function's name, the PHASE_RULES it matches, an
+    import frame."""
+    found: set[str] = set()
+    short = name.rpartition(".")[2]
+    for hint, names in PHASE_NAMES.items():
+        if short in names:
+            found.add(hint)
+    for rule in PHASE_RULES:
+        if rule.matches(name, path):
+            found.add(rule.category)
+    if is_import_frame(name, path):
+        found.add(IMPORT)
+    return frozenset(found)
 
 
 def phase_hint(frames: list, stack: list[int]) -> str | None:
@@ -228,18 +277,8 @@ def phase_hint(frames: list, stack: list[int]) -> str | None:
     None when it says nothing (data loading, sleeping and the like happen in every phase)."""
     found: set[str] = set()
     for i in stack:
-        if not (0 <= i < len(frames)):
-            continue
-        name, path = frames[i][0], frames[i][1]
-        short = name.rpartition(".")[2]
-        for hint, names in PHASE_NAMES.items():
-            if short in names:
-                found.add(hint)
-        for rule in PHASE_RULES:
-            if rule.category not in found and rule.matches(name, path):
-                found.add(rule.category)
-        if IMPORT not in found and is_import_frame(name, path):
-            found.add(IMPORT)
+        if 0 <= i < len(frames):
+            found |= _phase_hints_of(frames[i][0], frames[i][1])
     for hint in PHASE_PRIORITY:
         if hint in found:
             return hint

@@ -18,9 +18,15 @@ from typing import Protocol
 
 import gputop
 from gputop.model import KIND_HEALTH, Sample, Source, health_data
-from gputop.sources.base import Heartbeat
+from gputop.sources.base import Heartbeat, name_os_thread, name_os_threads
 from gputop.session.recording import FORMAT_MAJOR, FORMAT_MINOR, Recorder
 from gputop.session.store import Bus, SampleStore
+
+
+DERIVE_FIRST_WAIT_S = 0.1   # the derive thread's first look, as the sources start
+DERIVE_MIN_WAIT_S = 0.01    # never a busy loop, whatever a processor's interval
+DERIVE_MAX_WAIT_S = 1.0
+RECORDER_HEALTH_S = 1.0     # how often the recorder's drops are looked at
 
 
 class Processor(Protocol):
@@ -161,11 +167,22 @@ class LiveSession:
             self.recorder.update_meta(extra)
 
     def _derive_loop(self) -> None:
+        name_os_thread("gputop-derive")
+        named: set[int] = set()
+        name_next = 0.0
         due = {p.name: 0.0 for p in self.processors}
         recorder_health = Heartbeat()
-        while not self._stop.wait(0.1):
+        recorder_next = 0.0
+        wait = DERIVE_FIRST_WAIT_S
+        # It wakes when a processor is due or the recorder's health is to be looked at, not at a
+        # fixed 10 Hz: most wake-ups of a polling loop find nothing to do, and cost CPU anyway.
+        while not self._stop.wait(wait):
             now = self.clock.now()
-            if self.recorder is not None:
+            if now >= name_next:  # threads that started since (NVML's slow loop, a probe's)
+                name_next = now + 5.0
+                name_os_threads(named)
+            if self.recorder is not None and now >= recorder_next:
+                recorder_next = now + RECORDER_HEALTH_S
                 # the recorder never blocks a source; when the disk falls behind it drops samples
                 # and says so here, live (the UI's Sources view, Prometheus) as well as in the file
                 h = self.recorder.health()
@@ -178,6 +195,8 @@ class LiveSession:
                     continue
                 due[p.name] = now + p.interval_s
                 self.bus.publish_many(run_processor(p, self.store, now))
+            soonest = min([*due.values(), name_next] + ([recorder_next] if self.recorder is not None else []))
+            wait = min(DERIVE_MAX_WAIT_S, max(DERIVE_MIN_WAIT_S, soonest - self.clock.now()))
 
     def stop(self, end: dict | None = None) -> None:
         self._stop.set()

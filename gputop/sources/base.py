@@ -10,6 +10,9 @@ health heartbeat.
   NVML (floor 0.5, cap 4).
 - ``Heartbeat``: a ``health`` sample on change and at least every ``every_s`` seconds (5 s),
   so the store's bounded window never loses the latest one.
+- ``name_os_thread``: the kernel's name of a thread (what ``top -H`` and
+  /proc/PID/task/TID/comm show) set to its Python name, so gputop's cost can be read per thread
+  (benchmarks/cpu_profile.py); Python before 3.14 leaves every thread named like the process.
 
 Sources must not import gputop.session: the clock is duck-typed (``clock.now()``).
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 HEALTH_EVERY_S = 5.0
+NAP_SLEEP_MAX_S = 0.25   # waits up to this long sleep instead of waiting on the stop event
 
 
 def jittered(mean_s: float, rng: random.Random, floor: float = 0.5, cap: float = 3.0) -> float:
@@ -30,6 +35,27 @@ def jittered(mean_s: float, rng: random.Random, floor: float = 0.5, cap: float =
     if tail_mean <= 0:
         return min(floor, cap) * mean_s
     return min(floor * mean_s + rng.expovariate(1.0 / tail_mean), cap * mean_s)
+
+
+def name_os_thread(name: str, native_id: int | None = None) -> None:
+    """Give a thread of this process its kernel name (at most 15 bytes: the kernel's limit)."""
+    tid = native_id if native_id is not None else threading.get_native_id()
+    try:
+        with open(f"/proc/self/task/{tid}/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:  # not Linux, or the thread is gone: only a name is lost
+        pass
+
+
+def name_os_threads(named: set[int]) -> None:
+    """Name every live ``gputop-*`` thread not yet in ``named`` (native ids), then add it: the
+    threads gputop starts that are not a ``ThreadedSource`` (recorder, exporter, NVML's slow
+    loop) are named by the session this way."""
+    for t in threading.enumerate():
+        nid = t.native_id
+        if nid is not None and nid not in named and t.name.startswith("gputop-"):
+            name_os_thread(t.name, nid)
+            named.add(nid)
 
 
 class Heartbeat:
@@ -66,8 +92,21 @@ class ThreadedSource:
         if self._thread is not None:
             return
         self._emit = emit
-        self._thread = threading.Thread(target=self._main, name=self.thread_name, daemon=True)
+        self._thread = threading.Thread(target=self._named_main, name=self.thread_name, daemon=True)
         self._thread.start()
+
+    def _named_main(self) -> None:
+        name_os_thread(self.thread_name)
+        self._main()
+
+    def _nap(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until stopped; True when stopped. A short wait sleeps: half the
+        CPU of ``Event.wait`` (which builds and times out a lock each call), and it matters in
+        a 50 Hz loop; ``stop()`` then waits at most that short gap longer."""
+        if seconds <= NAP_SLEEP_MAX_S:
+            time.sleep(max(0.0, seconds))
+            return self._stop.is_set()
+        return self._stop.wait(seconds)
 
     def _stop_thread(self, timeout: float) -> None:
         self._stop.set()

@@ -394,7 +394,7 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
         next_at = time.monotonic()
         while True:
             wait = next_at - time.monotonic()
-            if self._stop.wait(max(0.0, wait)):
+            if self._nap(max(0.0, wait)):
                 return
             start = time.monotonic()
             t = self.clock.now()

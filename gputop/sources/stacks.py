@@ -54,6 +54,8 @@ DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole secon
 DEFAULT_KERNEL_RATE_HZ = 50   # /proc syscall reads per thread per second
 DEFAULT_SUBPROCESS_EVERY = 5  # every 5th window also samples child processes (--subprocesses)
 KERNEL_EMIT_S = 1.0           # one thread_kernel sample per process per second
+HEALTH_CHECK_S = 0.25         # how often the loop looks whether health has something new to say
+PYSPY_EARLY_POLL_S = 0.25     # a window's py-spy is looked at this often before its end (a failure)
 
 METRICS: list[MetricSpec] = [
     MetricSpec(KIND_STACKS, "threads", "", "stacks", "py-spy's de-duplicated stacks of one process over one window, per thread", False),
@@ -118,6 +120,7 @@ class StackSource(ThreadedSource):
         self._tmpdir: str | None = None
         self._run: _Run | None = None
         self._next_spawn = 0.0
+        self._pyspy_poll_at = 0.0             # the loop looks at py-spy again at this monotonic time
         self._failures = 0
         self._subprocess_windows = 0
         # What health says (all read by benchmarks/stacks_overhead.py too).
@@ -164,9 +167,10 @@ class StackSource(ThreadedSource):
             self.pyspy_state, self.pyspy_message = "failed", f"py-spy check failed: {type(e).__name__}: {e}"
         mean = 1.0 / self.kernel_rate_hz
         next_emit = time.monotonic() + KERNEL_EMIT_S
+        next_health = 0.0
         self._refresh_tree()
+        c0 = time.thread_time()
         while not self._stop.is_set():
-            c0 = time.thread_time()
             try:
                 self.kernel.tick()
                 self.kernel_ticks += 1
@@ -175,14 +179,20 @@ class StackSource(ThreadedSource):
                     next_emit = mono + KERNEL_EMIT_S
                     self._emit_kernel()
                     self._refresh_tree()
-                self._pyspy_step()
-                self._maybe_health()
+                if mono >= self._pyspy_poll_at:
+                    self._pyspy_step()
+                if mono >= next_health:   # its state changes at most once a window
+                    next_health = mono + HEALTH_CHECK_S
+                    self._maybe_health()
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"
-            self.sampler_cpu_s += time.thread_time() - c0
+            # Our own cost, waking up included (one clock read a tick).
+            c1 = time.thread_time()
+            self.sampler_cpu_s += c1 - c0
+            c0 = c1
             # Poisson sampling: exponential gaps never lock onto a periodic step or the
             # GIL's 5 ms switch interval. Capped so a long gap cannot starve a window.
-            if self._stop.wait(jittered(mean, self._rng, floor=0.0, cap=4.0)):
+            if self._nap(jittered(mean, self._rng, floor=0.0, cap=4.0)):
                 break
         self._kill_run()
 
@@ -263,9 +273,14 @@ class StackSource(ThreadedSource):
             except ChildProcessError:
                 pid, status, rusage = run.proc.pid, 0, None
             if pid == 0:
-                if time.monotonic() - run.t_spawn > self.window_s + 30:  # hung: give up on it
+                mono = time.monotonic()
+                if mono - run.t_spawn > self.window_s + 30:  # hung: give up on it
                     self._kill_run()
                     self._window_failed("py-spy did not finish its window (hung); restarted")
+                elif mono < run.t_spawn + self.window_s:
+                    # It cannot be done before its window is over, only fail: a wait4 every
+                    # 0.25 s instead of every tick until then.
+                    self._pyspy_poll_at = mono + PYSPY_EARLY_POLL_S
                 return
             run.proc.returncode = os.waitstatus_to_exitcode(status) if rusage is not None else 0
             if rusage is not None:
@@ -307,6 +322,7 @@ class StackSource(ThreadedSource):
             self._window_failed(f"cannot run {self.pyspy_path}: {e}")
             return
         self._run = _Run(proc, out_path, err_path, time.monotonic(), err_file)
+        self._pyspy_poll_at = self._run.t_spawn + PYSPY_EARLY_POLL_S
         self._run.rate = rate
         self._run.subprocesses = subs
 
