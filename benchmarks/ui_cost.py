@@ -9,7 +9,8 @@ pure-Python CPU loop, no torch, no GPU), then alternates windows of
 ``gputop --pid P --headless`` and ``gputop --pid P`` (the UI, at defaults) in a real pty of
 ``--size`` (pty.fork, the size set with TIOCSWINSZ before gputop starts, the output drained as a
 terminal would). For each window: CPU seconds of gputop's whole process tree (py-spy children
-included, psutil) over the steady part of the window (start-up excluded), as % of one core.
+included, psutil) over the window, which starts SETTLE_S after gputop is up (start-up excluded), as % of one core,
+and of its main thread alone (where Textual and the UI tick run).
 Headless records (it must) into OUTDIR; the UI runs at defaults (records nothing).
 
 --profile: one more UI window with py-spy sampling gputop itself (``py-spy record --format raw
@@ -46,7 +47,9 @@ import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPY_HZ = 250  # py-spy's rate on gputop with --profile: enough samples of a UI that costs ~1%
-STEADY_FROM_S = 4.0  # imports, Textual start-up, first py-spy attach: one-off costs
+SETTLE_S = 3.0  # after gputop is up: the first py-spy attach, the first verdicts (one-off costs)
+UP_TIMEOUT_S = 90.0
+FIRST_SCREEN_BYTES = 4000  # the UI's first paint of a 120x40 screen is larger than its set-up codes
 
 
 def tree_cpu_seconds(root: psutil.Process, seen: dict[int, float]) -> float:
@@ -79,9 +82,11 @@ def main_thread_cpu(proc: psutil.Process) -> float:
 class PtyChild:
     """A command in a new pty of a given size, its output read (and dropped) as it comes."""
 
-    def __init__(self, argv: list[str], cols: int, rows: int, env: dict) -> None:
+    def __init__(self, argv: list[str], cols: int, rows: int, env: dict, up: threading.Event, cwd: str) -> None:
+        self.up = up
         pid, fd = pty.fork()
         if pid == 0:  # child: the pty is its controlling terminal and stdin/out/err
+            os.chdir(cwd)  # python -m puts the working directory first on sys.path
             fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
             os.execvpe(argv[0], argv, env)
         self.pid, self.fd = pid, fd
@@ -100,6 +105,8 @@ class PtyChild:
                     if not data:
                         return
                     self.bytes_out += len(data)
+                    if self.bytes_out >= FIRST_SCREEN_BYTES:
+                        self.up.set()
             except OSError:
                 return
 
@@ -132,32 +139,39 @@ class PtyChild:
         os.close(self.fd)
 
 
-def measure(argv: list[str], seconds: float, ui: bool, cols: int, rows: int, on_steady=None) -> dict:
-    env = dict(os.environ, TERM="xterm-256color", COLORTERM="truecolor", PYTHONPATH=str(ROOT))
+def measure(argv: list[str], seconds: float, ui: bool, cols: int, rows: int, on_steady=None,
+            root_dir: pathlib.Path = ROOT, mode: str | None = None) -> dict:
+    """One window: start gputop, wait until it is up (the UI painted its first screen; headless
+    said what it records) and SETTLE_S more, then measure ``seconds``."""
+    env = dict(os.environ, TERM="xterm-256color", COLORTERM="truecolor", PYTHONPATH=str(root_dir))
     env.pop("NO_COLOR", None)
     t0 = time.monotonic()
+    up = threading.Event()
     if ui:
-        child = PtyChild(argv, cols, rows, env)
+        child = PtyChild(argv, cols, rows, env, up, str(root_dir))
         pid = child.pid
     else:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+                                cwd=str(root_dir))
         pid = proc.pid
+
+        def said():
+            for line in proc.stderr:
+                if "recording to" in line:
+                    up.set()
+        threading.Thread(target=said, daemon=True).start()
     root = psutil.Process(pid)
     seen: dict[int, float] = {}
-    readings: list[tuple[float, float]] = []
-    hook = None
-    main_thread: list[tuple[float, float]] = []  # (t, CPU s of gputop's main thread: the UI's)
-    end = t0 + STEADY_FROM_S + seconds
-    while time.monotonic() < end:
-        t = time.monotonic() - t0
-        readings.append((t, tree_cpu_seconds(root, seen)))
-        if t >= STEADY_FROM_S and not main_thread:
-            main_thread.append((t, main_thread_cpu(root)))
-        if on_steady is not None and hook is None and t >= STEADY_FROM_S:
-            hook = on_steady(pid)
+    if not up.wait(UP_TIMEOUT_S):
+        raise SystemExit(f"ui_cost: gputop was not up after {UP_TIMEOUT_S:g} s: {' '.join(argv)}")
+    started_s = time.monotonic() - t0
+    time.sleep(SETTLE_S)
+    hook = on_steady(pid) if on_steady is not None else None
+    w0, c0, m0 = time.monotonic(), tree_cpu_seconds(root, seen), main_thread_cpu(root)
+    while time.monotonic() < w0 + seconds:
+        tree_cpu_seconds(root, seen)  # children that exit meanwhile still count
         time.sleep(0.25)
-    readings.append((time.monotonic() - t0, tree_cpu_seconds(root, seen)))
-    main_thread.append((readings[-1][0], main_thread_cpu(root)))
+    w1, c1, m1 = time.monotonic(), tree_cpu_seconds(root, seen), main_thread_cpu(root)
     alive = psutil.pid_exists(pid) and root.status() != psutil.STATUS_ZOMBIE
     out_bytes = None
     if ui:
@@ -166,17 +180,13 @@ def measure(argv: list[str], seconds: float, ui: bool, cols: int, rows: int, on_
     else:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    steady = [(t, c) for t, c in readings if t >= STEADY_FROM_S]
-    pct = 100.0 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
-    main_pct = 100.0 * (main_thread[-1][1] - main_thread[0][1]) / (main_thread[-1][0] - main_thread[0][0])
-    return {"mode": "ui" if ui else "headless", "cpu_pct_of_core": pct, "main_thread_pct": main_pct,
-            "alive_at_end": alive,
-            "steady_s": steady[-1][0] - steady[0][0], "pty_bytes_per_s": (out_bytes / (time.monotonic() - t0))
-            if out_bytes is not None else None, "hook": hook}
+    return {"mode": mode or ("ui" if ui else "headless"), "cpu_pct_of_core": 100.0 * (c1 - c0) / (w1 - w0),
+            "main_thread_pct": 100.0 * (m1 - m0) / (w1 - w0), "alive_at_end": alive, "up_after_s": started_s,
+            "measured_s": w1 - w0, "pty_bytes_total": out_bytes, "hook": hook}
 
 
 # -- the profile -------------------------------------------------------------------------------
@@ -221,13 +231,15 @@ def parse_folded(path: str) -> tuple[Counter, Counter, Counter]:
             if not stack or not count.isdigit():
                 continue
             frames = stack.split(";")
-            thread = frames[0] if frames and frames[0].startswith(("thread", "process")) else "?"
-            if frames and frames[0].startswith("process"):
-                thread = frames[1] if len(frames) > 1 else "?"
+            thread = "?"
+            while frames and frames[0].startswith(("thread", "process")):
+                thread = frames.pop(0)
+            if not frames:
+                continue  # no Python frame at all: py-spy caught the thread between frames
             by_thread[thread] += int(count)
             component = classify(frames)
             by_component[component] += int(count)
-            if "MainThread" in thread or "0x" in thread and component.startswith(("ui", "textual", "rich")):
+            if "MainThread" in thread:  # the UI thread
                 ui_thread_functions[frames[-1]] += int(count)
     return by_component, by_thread, ui_thread_functions
 
@@ -239,8 +251,8 @@ def profile_window(gputop_argv: list[str], seconds: float, cols: int, rows: int,
 
     def start_spy(pid: int):
         holder["proc"] = subprocess.Popen(
-            [spy, "record", "--format", "raw", "--threads", "--rate", str(SPY_HZ), "--duration", str(int(seconds) - 1),
-             "--pid", str(pid), "--output", raw, "--nonblocking"],
+            [spy, "record", "--format", "raw", "--threads", "--rate", str(SPY_HZ), "--duration", str(int(seconds)),
+             "--pid", str(pid), "--output", raw],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return "py-spy started"
 
@@ -257,7 +269,7 @@ def profile_window(gputop_argv: list[str], seconds: float, cols: int, rows: int,
     comp, threads, funcs = parse_folded(raw)
     total = sum(comp.values()) or 1
     # each sample is 1/SPY_HZ s of one thread on CPU (py-spy leaves out idle threads by default)
-    per_pct = 100.0 / (SPY_HZ * (int(seconds) - 1))
+    per_pct = 100.0 / (SPY_HZ * int(seconds))
     return {"cpu_pct_of_core_with_spy": got["cpu_pct_of_core"], "samples": total, "rate_hz": SPY_HZ,
             "components_pct_of_core": {k: round(v * per_pct, 2) for k, v in comp.most_common()},
             "components_share": {k: round(v / total, 3) for k, v in comp.most_common()},
@@ -274,12 +286,15 @@ def main() -> int:
     ap.add_argument("--gputop-args", default="", help="extra arguments for both modes")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-headless", action="store_true", help="only UI windows (quick checks)")
+    ap.add_argument("--before", metavar="DIR", help="a checkout of the code before a change (git worktree add "
+                    "DIR COMMIT): its UI gets windows of its own ('ui-before'), alternated with the others")
     a = ap.parse_args()
     try:
         cols, rows = (int(x) for x in a.size.lower().split("x"))
     except ValueError:
         print(f"ui_cost: --size wants COLSxROWS, got {a.size!r}", file=sys.stderr)
         return 2
+    a.outdir = os.path.abspath(a.outdir)
     os.makedirs(a.outdir, exist_ok=True)
     extra = shlex.split(a.gputop_args)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -299,6 +314,11 @@ def main() -> int:
                                        a.seconds, False, cols, rows))
                 print(f"  headless {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
                       f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
+            if a.before:
+                windows.append(measure(base, a.seconds, True, cols, rows, root_dir=pathlib.Path(a.before),
+                                       mode="ui-before"))
+                print(f"  ui-before {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
+                      f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
             windows.append(measure(base, a.seconds, True, cols, rows))
             print(f"  ui       {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
                   f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
@@ -314,7 +334,8 @@ def main() -> int:
     hl, ui = mean("headless"), mean("ui")
     ui_main = statistics.mean([w["main_thread_pct"] for w in windows if w["mode"] == "ui"])
     summary = {"machine": f"{platform.node()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
-               "size": a.size, "seconds": a.seconds, "gputop_args": extra,
+               "size": a.size, "before": a.before, "ui_before_pct": mean("ui-before"), "seconds": a.seconds,
+               "gputop_args": extra,
                "headless_pct": hl, "ui_pct": ui, "ui_minus_headless_pct": (ui - hl) if hl is not None else None,
                "ui_main_thread_pct": ui_main,
                "windows": windows, "profile": prof}
@@ -322,7 +343,7 @@ def main() -> int:
         json.dump(summary, f, indent=2)
     print(f"\nui_cost {a.size}, {a.seconds:g} s windows, {summary['machine']}")
     print(f"{'mode':<10} {'tree, % of one core (each)':<28} {'mean':>6}  main thread (mean)")
-    for mode in ("headless", "ui"):
+    for mode in ("headless", "ui-before", "ui"):
         xs = [w["cpu_pct_of_core"] for w in windows if w["mode"] == mode]
         ms = [w["main_thread_pct"] for w in windows if w["mode"] == mode]
         if xs:
@@ -330,8 +351,10 @@ def main() -> int:
                   f"{statistics.mean(ms):6.2f}")
     if hl is not None:
         print(f"UI - headless: {ui - hl:+.2f} points")
+    if a.before:
+        print(f"UI now - UI before: {ui - mean('ui-before'):+.2f} points")
     if prof:
-        lines = [f"profile of one UI window (py-spy 100 Hz on gputop; tree CPU with py-spy on it: "
+        lines = [f"profile of one UI window (py-spy {SPY_HZ} Hz on gputop; tree CPU with py-spy on it: "
                  f"{prof['cpu_pct_of_core_with_spy']:.2f}%)", f"{'component':<48} {'% of core':>9} {'share':>6}"]
         for k, v in prof["components_pct_of_core"].items():
             lines.append(f"{k:<48} {v:9.2f} {100 * prof['components_share'][k]:5.1f}%")

@@ -28,8 +28,8 @@ How to add a panel (no edit of the app needed)
 
    A ``Panel`` that manages its own widgets overrides ``update_view(snap)`` instead of
    ``draw``. Either is called on the UI thread at the UI's tick, only while the panel is in
-   the visible view, and only when the store changed (``snap.generation``) or the panel was
-   resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads. Work that
+   the visible view, and only when the session clock entered a new second, a key changed the
+   view or the replay position, or the panel was resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads. Work that
    takes long runs in a Textual worker that posts messages to the panel (verdict_timeline.py).
 
 The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: primary verdict,
