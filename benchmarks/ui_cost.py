@@ -212,6 +212,12 @@ RULES: list[tuple[str, str]] = [
 ]
 
 
+# Innermost frames that wait rather than compute: on a loaded machine py-spy sees a thread just
+# woken (runnable, not yet on a core) as active, so these are counted apart, not as CPU.
+WAITING = re.compile(r"^(?:\w+\.)*(select|poll|sleep|wait|_wait_for_tstate_lock|acquire|read|readline|recv|"
+                     r"recv_into|accept|get|join) \(")
+
+
 def classify(frames: list[str]) -> str:
     for frame in reversed(frames):  # innermost last in py-spy's raw (folded) output
         for pattern, name in RULES:
@@ -237,7 +243,7 @@ def parse_folded(path: str) -> tuple[Counter, Counter, Counter]:
             if not frames:
                 continue  # no Python frame at all: py-spy caught the thread between frames
             by_thread[thread] += int(count)
-            component = classify(frames)
+            component = "(waiting: select, sleep, locks)" if WAITING.match(frames[-1]) else classify(frames)
             by_component[component] += int(count)
             if "MainThread" in thread:  # the UI thread
                 ui_thread_functions[frames[-1]] += int(count)

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import math
 import pathlib
+
+from rich.console import Console
+from rich.text import Text
 
 from gputop.session.replay import ReplaySession
 from gputop.ui import app as app_module
 from gputop.ui.app import GputopApp, HeaderBar, KeyBar, ReplayBar, TabLine
+from gputop.ui.panels import TextPanel, changed_rows
 from gputop.verdicts import default_processors
 
 RECORDING = pathlib.Path(__file__).parent / "data" / "h200" / "gpu_bound.gtrec"
@@ -37,6 +42,15 @@ def count_calls(obj, name: str, log: list) -> None:
         log.append(kwargs)
         return original(*args, **kwargs)
     setattr(obj, name, counted)
+
+
+def screen_text(app) -> str:
+    """The screen as drawn: the compositor's strips, from each widget's cached rows."""
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True,
+                      color_system="truecolor")
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text(styles=True)
 
 
 class Wall:
@@ -84,6 +98,20 @@ async def test_a_tick_draws_only_when_the_session_clock_enters_a_new_second(monk
         assert lines[TabLine] == [] and lines[KeyBar] == []
         assert f"{int(session.now()) // 60}:{int(session.now()) % 60:02d}" in str(app.query_one(ReplayBar)._shown)
 
+        # rows repainted one by one add up to what a full repaint of every widget draws
+        await pilot.pause()
+        shown = screen_text(app)
+        for widget in app.query("*"):
+            widget.refresh()
+        await pilot.pause()
+        assert screen_text(app) == shown
+        # a panel drawn again from the same snapshot is not repainted
+        text_panels = [p for p in shown_overview if isinstance(p, TextPanel)]
+        repaints = [p.repaints for p in text_panels]
+        for p in text_panels:
+            p.update_view(app.snapshot)
+        assert [p.repaints for p in text_panels] == repaints
+
         # ticks whose clock stays inside the same second draw nothing, the app's timer included
         wall.t += 0.05
         app.tick()
@@ -103,3 +131,14 @@ async def test_a_tick_draws_only_when_the_session_clock_enters_a_new_second(monk
         assert len(updates["overview"]) == before
         assert len(updates["gpus"]) > n_gpus
     session.stop()
+
+
+def test_changed_rows_names_the_rows_to_repaint():
+    old = Text("GPU0  50%\nhost  12%\n")
+    new = Text("GPU0  50%\nhost  13%\n")
+    assert changed_rows(old, new, 80) == [1]
+    restyled = Text("GPU0  50%\nhost  12%\n")
+    restyled.stylize("bold red", 0, 4)  # same characters, another colour: still a change
+    assert changed_rows(old, restyled, 80) == [0]
+    assert changed_rows(old, old.copy(), 80) == []
+    assert changed_rows(old, Text("GPU0  50%\n" + "x" * 90 + "\n"), 80) is None  # it wraps: rows unknown

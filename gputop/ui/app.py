@@ -20,9 +20,10 @@ Options:
 
 Design: the tick reads the store once into a ``Snapshot`` and hands it to the panels of the
 visible view (gputop/ui/panels/), when the session clock has entered a new second (every time
-shown is in whole seconds) or a key changed the view or the replay position. Sources run on their own threads and never touch
-widgets; nothing here blocks on them. NO_COLOR is honoured by Textual (monochrome output) and
-every state is also written in words, so nothing depends on colour.
+shown is in whole seconds) or a key changed the view or the replay position. Sources run on
+their own threads and never touch widgets; nothing here blocks on them. NO_COLOR is honoured
+by Textual (monochrome output) and every state is also written in words, so nothing depends on
+colour.
 """
 
 from __future__ import annotations
