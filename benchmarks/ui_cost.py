@@ -243,9 +243,10 @@ def parse_folded(path: str) -> tuple[Counter, Counter, Counter]:
             if not frames:
                 continue  # no Python frame at all: py-spy caught the thread between frames
             by_thread[thread] += int(count)
-            component = "(waiting: select, sleep, locks)" if WAITING.match(frames[-1]) else classify(frames)
+            waiting = WAITING.match(frames[-1])
+            component = "(waiting in select, sleep, locks: not CPU)" if waiting else classify(frames)
             by_component[component] += int(count)
-            if "MainThread" in thread:  # the UI thread
+            if "MainThread" in thread and not waiting:  # the UI thread
                 ui_thread_functions[frames[-1]] += int(count)
     return by_component, by_thread, ui_thread_functions
 
