@@ -11,22 +11,24 @@ calls ``tick()`` at ``refresh_hz``; it never starts or stops the session: the ca
 (start before ``run_app``, ``stop()`` after it returns, also on an exception).
 
 Options:
-    refresh_hz  UI ticks per second, 1-20 (default 5). Each tick calls ``session.tick()`` and
-                redraws what changed.
+    refresh_hz  UI ticks per second, 1-20 (default 5). Each tick calls ``session.tick()``; a
+                tick where the session clock entered a new second redraws what changed.
     history_s   seconds of history in the sparklines (default 60).
     start_view  id of the first view ("overview", "gpus", "procs", "threads", "sources", or one
                 a panel module registered).
     title       overrides the title shown at the top left ("gputop").
 
 Design: the tick reads the store once into a ``Snapshot`` and hands it to the panels of the
-visible view (gputop/ui/panels/); when the store's generation has not moved, panels are not
-redrawn (only the clock in the header is). Sources run on their own threads and never touch
-widgets; nothing here blocks on them. NO_COLOR is honoured by Textual (monochrome output) and
-every state is also written in words, so nothing depends on colour.
+visible view (gputop/ui/panels/), when the session clock has entered a new second (every time
+shown is in whole seconds) or a key changed the view or the replay position. Sources run on
+their own threads and never touch widgets; nothing here blocks on them. NO_COLOR is honoured
+by Textual (monochrome output) and every state is also written in words, so nothing depends on
+colour.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
@@ -51,6 +53,10 @@ from gputop.ui.sourceinfo import collect_metric_specs
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 REDRAW_AT_LEAST_S = 1.0  # redraw even without new samples, so STALE marks and live sparklines move
+# Every time the UI shows is in whole seconds, so a redraw is due when the session clock enters
+# a new second (live: once a second; a replay at 8x: every tick), not at every tick: the screen
+# changes once, in one repaint, where a tick-rate redraw repainted the panels whose numbers moved
+# five times a second.
 SEEK_SHORT_S, SEEK_LONG_S, STEP_S = 10.0, 60.0, 1.0
 STILL_S = 10.0  # a followed file that has not grown for this long is not being written any more
 
@@ -72,8 +78,11 @@ class Line(Static):
 
     def show(self, text: Text) -> None:
         if text != self._shown:
+            # A new layout (the whole screen) only when the number of lines changed; otherwise
+            # Textual repaints this line alone.
+            relayout = self._shown is None or text.plain.count("\n") != self._shown.plain.count("\n")
             self._shown = text
-            self.update(text)
+            self.update(text, layout=relayout)
 
 
 class HeaderBar(Line):
@@ -322,9 +331,10 @@ class GputopApp(App[int]):
         self.current_view = start_view if start_view in ids else ids[0]
         self.panels: dict[str, list[Panel]] = {v.id: [cls() for cls in panels_for(v.id)] for v in self.view_specs}
         self.snapshot: Snapshot | None = None
-        self._drawn_generation: int | None = None
         self._drawn_view: str | None = None
+        self._drawn_second: int | None = None  # the session clock's whole second at the last draw
         self._drawn_at = 0.0
+        self.draws = 0  # full redraws done (tests: a tick that is not due draws nothing)
         self._small = False
         # (start on the monotonic clock, seconds spent) of recent ticks: benchmarks/ui_tick.py
         self.tick_log: deque[tuple[float, float]] = deque(maxlen=100_000)
@@ -348,6 +358,13 @@ class GputopApp(App[int]):
         yield TooSmall(id="too-small")
 
     def on_mount(self) -> None:
+        # looked up once: a CSS query per widget per tick cost more than drawing the header
+        self._header = self.query_one(HeaderBar)
+        self._banner = self.query_one(Banner)
+        self._tabs = self.query_one(TabLine)
+        self._keys = self.query_one("#main KeyBar", KeyBar)
+        self._replay_bar = self.query_one(ReplayBar) if self.session.playback is not None else None
+        self._empty = {spec.id: self.query_one(f"#view-{spec.id} .empty-view", Static) for spec in self.view_specs}
         self._apply_size(self.size.width, self.size.height)
         self._show_view(self.current_view)
         self.tick()
@@ -355,7 +372,7 @@ class GputopApp(App[int]):
 
     def on_resize(self, event: events.Resize) -> None:
         self._apply_size(event.size.width, event.size.height)
-        self._drawn_generation = None  # redraw at the next tick with the new widths
+        self._drawn_second = None  # redraw at the next tick with the new widths
 
     def _apply_size(self, width: int, height: int) -> None:
         small = width < MIN_WIDTH or height < MIN_HEIGHT
@@ -376,38 +393,42 @@ class GputopApp(App[int]):
         except Exception as e:  # e.g. a followed file turned out damaged: say so, keep what we have
             self.session_error = f"reading the session failed: {e or type(e).__name__}"
         try:
-            self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
+            if self._due():
+                self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
         except Exception as e:  # a drawing bug must not kill a monitor of a long training run
             self.tick_errors += 1
             self.last_tick_error = f"display error: {type(e).__name__}: {e}"
             try:
-                banner = self.query_one(Banner)
+                banner = self._banner
                 banner.display = True
                 banner.show(Text(fmt.clean(self.last_tick_error), style="bold"))
             except Exception:
                 pass
         self.tick_log.append((started, time.perf_counter() - started))
 
-    def _draw(self, snap: Snapshot, force: bool = False) -> None:
+    def _due(self) -> bool:
+        """Whether this tick redraws: the session clock entered a new second, the view or size
+        changed, or a second of wall time passed (a paused replay, STALE marks)."""
+        return (math.floor(self.session.now()) != self._drawn_second or self._drawn_view != self.current_view
+                or time.monotonic() - self._drawn_at >= REDRAW_AT_LEAST_S)
+
+    def _draw(self, snap: Snapshot) -> None:
         self.snapshot = snap
+        self.draws += 1
+        self._drawn_second = math.floor(snap.now)
+        self._drawn_at = time.monotonic()
+        self._drawn_view = self.current_view
         width = self.size.width
-        header = self.query_one(HeaderBar)
+        header = self._header
         header.show(header.draw(snap, self.app_title, width))
-        banner = self.query_one(Banner)
+        banner = self._banner
         text = banner.draw(snap, self.session_error)
         banner.display = text is not None
         if text is not None:
             banner.show(text)
-        if snap.playback is not None:
-            bar = self.query_one(ReplayBar)
-            bar.show(bar.draw(snap, width))
+        if self._replay_bar is not None:
+            self._replay_bar.show(self._replay_bar.draw(snap, width))
         if self._small:
-            return
-        now = time.monotonic()
-        changed = (force or snap.generation != self._drawn_generation or self._drawn_view != self.current_view
-                   or now - self._drawn_at >= REDRAW_AT_LEAST_S
-                   or self.current_view == "output")  # the job's log: re-read when it changed (a stat)
-        if not changed:
             return
         has_data = {}
         with self.batch_update():
@@ -422,19 +443,14 @@ class GputopApp(App[int]):
                             panel.update_view(snap)
                 has_data[spec.id] = shown_any
                 if spec.id == self.current_view:
-                    empty = self.query_one(f"#view-{spec.id} .empty-view", Static)
+                    empty = self._empty[spec.id]
                     empty.display = not shown_any
                     if not shown_any:
                         needs = sorted({k for p in self.panels[spec.id] for k in p.NEEDS})
                         empty.update(Text(f"No data for this view yet (it shows samples of kind: {', '.join(needs)})."
                                           if needs else "Nothing to show yet.", style="dim"))
-            tabs = self.query_one(TabLine)
-            tabs.show(tabs.draw(self.view_specs, self.current_view, has_data, width))
-            keys = self.query_one("#main KeyBar", KeyBar)
-            keys.show(key_hints(self.hints(), width))
-        self._drawn_generation = snap.generation
-        self._drawn_view = self.current_view
-        self._drawn_at = now
+            self._tabs.show(self._tabs.draw(self.view_specs, self.current_view, has_data, width))
+            self._keys.show(key_hints(self.hints(), width))
 
     def hints(self) -> list[tuple[str, str]]:
         n = len(self.view_specs)
@@ -447,7 +463,7 @@ class GputopApp(App[int]):
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
-        self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log), force=True)
+        self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
 
     # -- views ---------------------------------------------------------------------------------
     def _show_view(self, view_id: str) -> None:

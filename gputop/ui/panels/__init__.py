@@ -28,9 +28,11 @@ How to add a panel (no edit of the app needed)
 
    A ``Panel`` that manages its own widgets overrides ``update_view(snap)`` instead of
    ``draw``. Either is called on the UI thread at the UI's tick, only while the panel is in
-   the visible view, and only when the store changed (``snap.generation``) or the panel was
-   resized. Do the drawing from the snapshot alone: no I/O, no blocking, no threads. Work that
-   takes long runs in a Textual worker that posts messages to the panel (verdict_timeline.py).
+   the visible view, and only when the session clock entered a new second, a key changed the
+   view or the replay position, or the panel was resized (a ``TextPanel`` whose text changed
+   repaints only the rows that changed). Do the drawing from the snapshot alone: no I/O, no
+   blocking, no threads. Work that takes long runs in a Textual worker that posts messages to
+   the panel (verdict_timeline.py).
 
 The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: primary verdict,
 evidence, advice): register it with ``VIEW = "overview"`` and ``ORDER = 0``.
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from rich.text import Text
+from textual.geometry import Region
 from textual.widget import Widget
 
 from gputop.model import MetricSpec
@@ -156,6 +159,18 @@ class Panel(Widget):
             self.update_view(self.last_snapshot)
 
 
+def changed_rows(old: Text, new: Text, width: int) -> list[int] | None:
+    """The line numbers where ``new`` differs from ``old`` (text or style), both with the same
+    number of lines; None when a line is wider than ``width`` (it wraps: line numbers are not
+    rows) or the lines cannot be compared, so the caller repaints everything."""
+    if "\t" in new.plain or "\t" in old.plain:
+        return None
+    old_lines, new_lines = old.split("\n", allow_blank=True), new.split("\n", allow_blank=True)
+    if len(old_lines) != len(new_lines) or any(line.cell_len > width for line in new_lines):
+        return None
+    return [y for y, (a, b) in enumerate(zip(old_lines, new_lines)) if a != b]
+
+
 class TextPanel(Panel):
     """A panel that is one block of text: implement ``draw(snap, width) -> Text``."""
 
@@ -163,6 +178,7 @@ class TextPanel(Panel):
         super().__init__()
         self._text = Text("")
         self._lines = 1
+        self.repaints = 0  # times the text changed and was sent to Textual (tests)
 
     def draw(self, snap: Snapshot, width: int) -> Text:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -174,9 +190,15 @@ class TextPanel(Panel):
         if text == self._text:
             return
         lines = text.plain.count("\n") + 1
-        self._text = text
-        # Only a change in the number of lines needs a new layout; otherwise repaint.
-        self.refresh(layout=lines != self._lines)
+        old, self._text = self._text, text
+        if lines != self._lines:
+            self.refresh(layout=True)  # only a change in the number of lines needs a new layout
+        else:
+            # Repaint only the rows that changed: most seconds change a number or two of a
+            # table, and Textual's cost is per row painted (and per byte sent to the terminal).
+            rows = changed_rows(old, text, width)
+            self.refresh(*(Region(0, y, width, 1) for y in rows) if rows is not None else ())
+        self.repaints += 1
         self._lines = lines
 
     @property
