@@ -183,3 +183,54 @@ def test_the_energy_counter_wins_over_power_when_present():
     e = ef.gpu_energy(out)
     assert e.method == ef.METHOD_COUNTER
     assert e.watts == pytest.approx(ef.gpu_energy(gpu).watts, rel=0.02)
+
+
+def _store_with_flops(flops: int | None):
+    """The real H200 recording in a store; its probe windows given a FLOP count (the recording
+    predates the count) when ``flops`` is set."""
+    from gputop.session.store import SampleStore
+    store = SampleStore(horizon_s=600)
+    out = []
+    for s in _h200():
+        if s.kind == "probe_step" and flops is not None:
+            s = Sample(s.t, s.kind, s.key, {**s.data, "flops_per_step": flops, "flops_dtype": "bf16",
+                                            "flops_by_dtype": {"bf16": flops}, "flops_off": None})
+        out.append(s)
+    store.on_samples(out)
+    return store, out
+
+
+def test_prometheus_serves_mfu_flops_and_energy_per_step():
+    from prometheus_client.core import CounterMetricFamily  # noqa: F401  (the exporter's dependency)
+
+    from gputop.export.prometheus import collect_families
+    flops = 6 * 201_433_098 * 4096    # what a 201M-parameter model at 4096 tokens/step would count
+    store, samples = _store_with_flops(flops)
+    now = max(s.t for s in samples)
+    fams = {f.name: f for f in collect_families(store, now, {"host": "h"})}
+    res = ef.live(store, now)
+    r = res["ranks"][0]
+    got = {s.labels["dtype"]: s.value for s in fams["gputop_mfu_ratio"].samples}
+    assert got == {"bf16": pytest.approx(r["mfu"])}
+    assert r["mfu"] == pytest.approx(flops * r["steps_per_s"] / 989.5e12)
+    ach = fams["gputop_achieved_flops_per_second"].samples[0].value
+    assert ach == pytest.approx(flops * r["steps_per_s"])
+    jps = fams["gputop_gpu_energy_per_step_joules"].samples[0]
+    assert jps.labels["method"] == "power x time" and jps.value == pytest.approx(res["joules_per_step"])
+    # Without a count: no MFU series at all (None is never served as 0), energy still there.
+    store, samples = _store_with_flops(None)
+    fams = {f.name: f for f in collect_families(store, now, {"host": "h"})}
+    assert "gputop_mfu_ratio" not in fams and "gputop_gpu_energy_per_step_joules" in fams
+
+
+def test_report_section_and_grid_intensity_from_the_command_line(tmp_path):
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200), "--json", "--grid-intensity", "400"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    sec = json.loads(out.stdout)["efficiency"]
+    assert sec["energy_method"] == "power x time" and sec["co2e_g"] == pytest.approx(sec["kwh"] * 400)
+    assert sec["mfu"] is None and "no FLOP count" in sec["mfu_off"]
+    bad = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200), "--grid-intensity", "-3"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

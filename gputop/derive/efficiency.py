@@ -300,7 +300,8 @@ def report_lines(res: dict) -> list[str]:
             out.append(f"  {who}: FLOPs/step n/a ({r.get('flops_off')})")
             continue
         by = r.get("flops_by_dtype") or {}
-        mix = ", ".join(f"{k} {v / r['flops_per_step'] * 100:.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+        mix = ", ".join(f"{k} {v / r['flops_per_step'] * 100:.0f}%"
+                        for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
         out.append(f"  {who}: {fmt_flops(r['flops_per_step'])}/step ({mix}) x {r['steps_per_s']:.3g} steps/s = "
                    f"{r['achieved_tflops']:.3g} TFLOP/s on {r.get('device_name') or 'an unknown GPU'}")
         out.append(f"    peak: {r['peak_tflops']:.4g} TFLOP/s dense" if r.get("peak_tflops") is not None
