@@ -59,8 +59,10 @@ def test_mlp_flops_per_step_are_the_exact_matmul_sum(flops_run):
     assert w.get("flops_per_step") == own["mlp_flops"]      # 2*M*N*K of fwd + both backward matmuls
     assert w.get("flops_step") == 3 and w.get("flops_dtype") == "fp32"
     assert w.get("flops_by_dtype") == {"fp32": own["mlp_flops"]}
-    # The one counted step's cost is measured and shipped (slower than a plain step, not absurdly).
+    # The one counted step's cost is measured and shipped.
     assert w.get("flops_count_ms") > 0
+    # Every step forked a DataLoader worker, the counted one too: no worker kept the counter.
+    assert own["worker_saw_a_mode"] is False
 
 
 def test_a_new_batch_shape_is_counted_again_and_bf16_autocast_is_the_dtype(flops_run):

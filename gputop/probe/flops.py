@@ -132,6 +132,13 @@ class FlopCounter:
             except Exception:
                 pass
 
+    def after_fork_in_child(self) -> None:
+        """A child forked during the counted step (a DataLoader worker started by iter() in it)
+        inherits the forking thread's dispatch mode: pop it there, or every op of the worker
+        would go through the counter for good. The child counts nothing itself."""
+        self.stop()
+        self.off = "a forked child (a DataLoader worker): not counted"
+
     def _cannot_count(self) -> str | None:
         th = self.p.torch_hooks
         if th is not None and (th.compile_count or _dynamo_graphs()):

@@ -42,7 +42,23 @@ def mark(name: str) -> None:
     out[name] = {"steps": gputop.probe.status().get("steps"), "t": time.time()}
 
 
-# -- phase 1: MLP --------------------------------------------------------------------------------
+# -- phase 1: MLP, one step per epoch: every step forks a DataLoader worker (the counted one too) --
+
+
+class Flagged(torch.utils.data.Dataset):
+    """Each item says whether a TorchDispatchMode was active in the worker that made it."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        return self.x[i], self.y[i], torch.tensor(_get_current_dispatch_mode() is not None)
+
+
 B, dims = 16, [64, 256, 256, 10]
 mlp = nn.Sequential(nn.Linear(dims[0], dims[1]), nn.ReLU(), nn.Linear(dims[1], dims[2]), nn.ReLU(),
                     nn.Linear(dims[2], dims[3]))
@@ -52,12 +68,16 @@ fwd = sum(2 * B * i * o for i, o in layers)
 bwd_w = sum(2 * B * i * o for i, o in layers)               # weight gradients, every layer
 bwd_x = sum(2 * B * i * o for i, o in layers[1:])           # input gradients, not for the data
 out["mlp_flops"] = fwd + bwd_w + bwd_x
-ds = TensorDataset(torch.randn(B * args.steps, dims[0]), torch.randint(0, 10, (B * args.steps,)))
+ds = Flagged(torch.randn(B, dims[0]), torch.randint(0, 10, (B,)))
+loader = DataLoader(ds, batch_size=B, num_workers=1, multiprocessing_context="fork")
 t0 = time.perf_counter()
-for x, y in DataLoader(ds, batch_size=B):
-    opt.zero_grad()
-    nn.functional.cross_entropy(mlp(x), y).backward()
-    opt.step()
+out["worker_saw_a_mode"] = False
+for _ in range(args.steps):
+    for x, y, flag in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(mlp(x), y).backward()
+        opt.step()
+        out["worker_saw_a_mode"] = out["worker_saw_a_mode"] or bool(flag.any())
 out["mlp_step_ms"] = (time.perf_counter() - t0) / args.steps * 1000
 mark("mlp_done")
 
