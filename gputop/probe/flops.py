@@ -46,7 +46,7 @@ def first_shape(batch) -> tuple | None:
     for _ in range(3):
         shape = getattr(x, "shape", None)
         if shape is not None:
-            return tuple(shape)
+            return shape                # torch.Size, a tuple: compared as it is
         if isinstance(x, (list, tuple)) and x:
             x = x[0]
         elif isinstance(x, dict) and x:
@@ -63,7 +63,7 @@ class FlopCounter:
         self.p = probe
         self.torch = torch
         self.armed = True
-        self.watch_shapes = True        # note_batch: learn the counted shape, then compare
+        self.watch_shapes = False       # note_batch: learn the counted shape, then compare
         self.flops: int | None = None
         self.by_dtype: dict[str, int] = {}
         self.step: int | None = None    # the step counted
@@ -160,6 +160,7 @@ class FlopCounter:
         th = self.p.torch_hooks
         self._compiles_at_start = th.compile_count if th is not None else 0
         self._seen_shape = None
+        self.watch_shapes = True        # from now on each batch's shape is looked at
         self._thread = threading.get_ident()
         self._start_n, self._start_t = n, now
         self._mode = mode       # before entering: stop() can undo a half-entered mode
