@@ -221,7 +221,7 @@ def _run_headless(session, target, a, record_path: str, child) -> int:
     if session.recording_error:
         print(f"gputop: {session.recording_error}", file=sys.stderr)
     print(f"gputop: recorded to {record_path}", file=sys.stderr, flush=True)
-    report = build_report(record_path)
+    report = _with_emissions(build_report(record_path), a)
     if a.json:
         print(_report_json(report))
     else:
@@ -261,12 +261,20 @@ def _report_json(report: dict) -> str:
     return json.dumps(json_safe(report), indent=2, allow_nan=False)
 
 
+def _with_emissions(report: dict, a) -> dict:
+    """--grid-intensity G: the efficiency section's energy as gCO2e (derive/efficiency.py)."""
+    if getattr(a, "grid_intensity", None) is not None:
+        from gputop.derive.efficiency import add_emissions
+        add_emissions(report.get("efficiency"), a.grid_intensity)
+    return report
+
+
 def cmd_report(a) -> int:
     from gputop.report import build_report, render_text
     from gputop.session.recording import RecordingError
 
     try:
-        report = build_report(a.file)
+        report = _with_emissions(build_report(a.file), a)
     except RecordingError as e:
         raise CliError(str(e)) from None
     if a.json:

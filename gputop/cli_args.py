@@ -131,6 +131,17 @@ class CliError(Exception):
     """Anything else the user must fix: exit code 1."""
 
 
+def _grid_arg(text: str) -> float:
+    """--grid-intensity: gCO2e per kWh, a finite number in 0-5000 (coal is ~1000)."""
+    try:
+        g = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be gCO2e per kWh (e.g. 400), not {text!r}") from None
+    if not 0 <= g <= 5000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 5000 gCO2e/kWh, not {text}")
+    return g
+
+
 def _pid_arg(text: str) -> int:
     """--pid: a positive process id; anything else is a bad command line (exit 2)."""
     try:
@@ -170,6 +181,8 @@ def _add_attach_options(p: argparse.ArgumentParser) -> None:
                    help="with --headless: how long to sample (seconds)")
     g.add_argument("--json", action="store_true", help="with --headless: print the report as JSON")
     g.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
+    g.add_argument("--grid-intensity", type=_grid_arg, metavar="G",
+                   help="with --headless: the grid's carbon intensity in gCO2e/kWh, for the report's emissions")
     g.add_argument("--prometheus", metavar="[HOST:]PORT",
                    help="serve the session's metrics to Prometheus on http://HOST:PORT/metrics "
                         "(host default 127.0.0.1; 0.0.0.0 for all interfaces; docs/prometheus.md)")
@@ -222,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=REPORT_EPILOG.format(state=state), formatter_class=raw)
     rep.add_argument("file", metavar="FILE", help="a recording (.gtrec) made by --record or --headless")
     rep.add_argument("--json", action="store_true", help="print JSON (shape: docs/report.md)")
+    rep.add_argument("--grid-intensity", type=_grid_arg, metavar="G",
+                     help="the grid's carbon intensity in gCO2e/kWh: the GPUs' energy as emissions")
 
     df = sub.add_parser("diff", help="compare two recordings",
                         description="Compare two recordings: is B faster than A?", epilog=DIFF_EPILOG,

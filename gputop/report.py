@@ -484,6 +484,8 @@ def _register_builtin_sections() -> None:
     register_section(ReportSection("probe", (*PROBE_KINDS, _H),
                                    lambda samples, report: steps.report_section(samples), steps.report_lines))
     register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines))
+    from gputop.derive import efficiency
+    register_section(ReportSection("efficiency", efficiency.KINDS, efficiency.report_section, efficiency.report_lines))
 
 
 _register_builtin_sections()

@@ -18,8 +18,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "gputop"
-RANKS = {"model": 0, "catalogue": 0, "sources": 1, "session": 2, "derive": 3, "verdicts": 4, "report": 5, "export": 5,
-         "diff": 5, "ui": 6, "cli": 7, "cli_args": 7, "__main__": 7, "demo": 7}
+RANKS = {"model": 0, "catalogue": 0, "gpu_peaks": 0, "sources": 1, "session": 2, "derive": 3, "verdicts": 4,
+         "report": 5, "export": 5, "diff": 5, "ui": 6, "cli": 7, "cli_args": 7, "__main__": 7, "demo": 7}
 STDLIB = set(sys.stdlib_module_names)
 
 

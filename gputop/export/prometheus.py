@@ -33,6 +33,7 @@ from gputop.catalogue import (KIND_BUDGET, KIND_GPU, KIND_GPU_INFO, KIND_GPU_PRO
                               KIND_TARGET, KIND_THREAD, KIND_THREAD_STATE, KIND_VERDICT, KIND_VERDICT_PRIMARY,
                               MetricSpec)
 from gputop.derive import budget as bd
+from gputop.derive import efficiency as ef
 from gputop.derive import phases as ph
 from gputop.derive.budget_processor import PHASE_EVERY_S
 from gputop.derive.threads import STATES, STATE_LABELS
@@ -65,6 +66,8 @@ PCT = 0.01
 
 # GPM fields: read on about 60% of GPU samples (>= 100 ms apart), so the newest non-None value.
 GPM_LATEST = frozenset({*GPM_FIELDS, "gpm_window_s"})
+# Read by the NVML slow loop (~1 Hz, jittered up to 4 s): in one GPU sample of ~10, the newest one.
+SLOW_GPU_FIELDS = {"energy_j": 5.0}
 
 # Fields of the sources' METRICS (gputop.sources.metric_specs()) that are not numbers to plot.
 NOT_EXPORTED = {
@@ -72,6 +75,11 @@ NOT_EXPORTED = {
     ("gpu_procs", "procs"): "a dict per PID: served as gputop_process_gpu_memory_bytes / _sm_utilization_ratio",
     ("stacks", "threads"): "stack samples: served through the thread states they give (gputop_thread_state_ratio)",
     ("thread_kernel", "threads"): "kernel wait counts: served through gputop_thread_state_ratio",
+    ("probe_step", "flops_dtype"): "a name: the dtype label of gputop_mfu_ratio",
+    ("probe_step", "flops_by_dtype"): "a dict per dtype: gputop_mfu_ratio divides by its weighted peak",
+    ("probe_step", "flops_step"): "which step was counted: not a quantity over time",
+    ("probe_step", "flops_varies"): "a flag: the Steps view and the report say it",
+    ("probe_step", "flops_off"): "words (why no count): the Steps view and the report say them",
 }
 
 # thread_state fields: one family with a "state" label (and the CPU share), built in _threads.
@@ -220,6 +228,7 @@ def collect_families(store, now: float, meta: dict, mode: str = "live") -> list:
     _threads(fams, store, now, host, rank)
     _probe(fams, store, now, host, rank)
     _budget(fams, store, now, host, target_pid)
+    _efficiency(fams, store, now, host, rank)
     _verdicts(fams, store, now, host, target_pid, meta)
     _health(fams, store, host)
     return list(fams)
@@ -248,9 +257,11 @@ def _gpu(fams: _Families, store, now: float, host: str, rank) -> None:
         for m in exported_specs(KIND_GPU):
             if m.field in GPM_LATEST:
                 v = store.latest_value(KIND_GPU, idx, m.field, max_age_s=GPM_MAX_AGE_S)
+            elif m.field in SLOW_GPU_FIELDS:
+                v = store.latest_value(KIND_GPU, idx, m.field, max_age_s=SLOW_GPU_FIELDS[m.field])
             else:
                 v = s.data.get(m.field)
-            fams.add(m.prom, _help(m), lab, v, m.scale)
+            fams.add(m.prom, _help(m), lab, v, m.scale, counter=m.counter)
         events = s.data.get("clock_events")
         if isinstance(events, list):
             for reason in CLOCK_EVENT_NAMES:
@@ -338,6 +349,26 @@ def _probe(fams: _Families, store, now: float, host: str, rank) -> None:
         dev = s.data.get("device")
         lab = {"host": host, "pid": pid, "rank": rank(pid), "cuda_device": "" if dev is None else str(dev)}
         _add_fields(fams, KIND_PROBE_MEMORY, lab, s.data)
+
+
+def _efficiency(fams: _Families, store, now: float, host: str, rank) -> None:
+    """FLOP/s, MFU and energy per step over the newest 10 s (gputop/derive/efficiency.py, its METRICS)."""
+    res = ef.live(store, now)
+    specs = {m.field: m for m in ef.METRICS}
+
+    def add(field: str, labels: dict[str, str], v) -> None:
+        m = specs[field]
+        fams.add(m.prom, f"{m.prom_help} (gputop efficiency.{field})", labels, v, m.scale)
+
+    for r in res["ranks"]:
+        lab = {"host": host, "pid": r["pid"], "rank": rank(r["pid"])}
+        ach = r.get("achieved_tflops")
+        add("achieved_flops_per_s", lab, ach * 1e12 if ach is not None else None)
+        add("mfu", {**lab, "dtype": str(r.get("dtype") or "")}, r.get("mfu"))
+    for g in res["gpus"]:
+        add("joules_per_step", {"host": host, "gpu": g["gpu"], "method": str(g.get("method") or "")},
+            g.get("joules_per_step"))
+    add("joules_per_sample", {"host": host, "method": str(res.get("energy_method") or "")}, res.get("joules_per_sample"))
 
 
 BUDGET_HELP = ("Share of the training loop's wall time over the last window (up to 20 s of the current phase), "

@@ -44,6 +44,7 @@ class Probe(ProbeServer):
         self._reset_process_state(dormant)
         self.torch = None                  # the torch module, once the job has imported it
         self.torch_hooks = None            # gputop.probe.torch_hooks.TorchHooks
+        self.flops = None                  # gputop.probe.flops.FlopCounter (one counted step)
         self.hooks: dict[str, list[str]] = {}   # name -> [state, message]
         self._hooks_version = 0
         self.config_dirty = False          # a hook saw a new setting: send the config this window
@@ -155,6 +156,14 @@ class Probe(ProbeServer):
         self.wait_in_step = 0.0
         self.batches_in_step = 0
         self.samples_in_step = 0
+        fc = self.flops
+        # (a count in progress is finished even if its monitor left meanwhile)
+        if fc is not None and fc.armed and (self.monitoring or fc._mode is not None):
+            try:
+                fc.at_boundary(n, now)
+            except Exception as e:
+                fc.stop()
+                self.hook_failed("flops", e)
         if self.cuda_events_on:
             self._record_boundary_event(n)
         elif self.cuda_device is None and self.cuda_seen:
@@ -180,6 +189,9 @@ class Probe(ProbeServer):
             # A new iterator (a new epoch, or another DataLoader): note its settings once.
             self._last_it_ref = weakref.ref(it)
             self._last_it_samples = self.torch_hooks.loader_seen(it)
+        fc = self.flops
+        if fc is not None and fc.watch_shapes:
+            fc.note_batch(batch)
         n = _batch_len(batch)
         if n is None:
             n = self._last_it_samples

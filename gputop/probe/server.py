@@ -284,6 +284,8 @@ class ProbeServer:
         self._reset_process_state(dormant=True)
         if self.torch_hooks is not None:
             self.torch_hooks.after_fork_in_child()
+        if self.flops is not None:
+            self.flops.after_fork_in_child()
 
     # -- probe thread ---------------------------------------------------------------------------
     def _serve(self) -> None:

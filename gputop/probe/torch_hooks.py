@@ -85,6 +85,12 @@ class TorchHooks(SyncCapture):
             except Exception as e:  # an API that moved: skip the hook, say which
                 p.set_hook(name, "unavailable",
                            f"could not install on torch {torch.__version__}: {type(e).__name__}: {e}")
+        try:
+            from gputop.probe.flops import FlopCounter
+            p.flops = FlopCounter(p, torch)
+            p.set_hook("flops", "on" if p.flops.armed else "unavailable", p.flops.off or "")
+        except Exception as e:
+            p.set_hook("flops", "unavailable", f"{type(e).__name__}: {e}")
         # A CUDA build? (Never torch.cuda.is_available() here: it would initialise the driver in
         # a process that may fork DataLoader workers next; is_initialized() is a plain flag.)
         self.cuda_available = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))

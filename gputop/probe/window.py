@@ -95,6 +95,7 @@ class _WindowState:
             "other_optimizer_steps": p.other_optimizer_steps,
             "monitors": len(p._monitors), "dropped_msgs": sum(m.dropped for m in p._monitors),
             "probe_cpu_s": p.thread_cpu_s,
+            "flops": p.flops.message() if p.flops is not None else {"off": "torch is not imported (yet)"},
         }
         self.t0 = now
         self.unsized_total = unsized_total

@@ -32,7 +32,7 @@ GPM_PERCENT_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw", "
 GPU_FIELDS = (
     "util_gpu", "util_mem", "mem_used", "mem_total", "mem_reserved", "power_w", "power_limit_w",
     "clock_sm_mhz", "clock_mem_mhz", "temp_c", "clock_events", "clock_events_mask",
-    *GPM_FIELDS, "gpm_window_s",
+    *GPM_FIELDS, "gpm_window_s", "energy_j",
 )
 
 # Clock-event ("throttle") reason bits: (pynvml constant, value in nvml.h, our name, words).
@@ -58,9 +58,9 @@ CLOCK_EVENT_WORDS: dict[str, str] = {name: words for _, _, name, words in CLOCK_
 
 
 def _spec(field: str, unit: str, label: str, help: str, prom: str = "", prom_help: str = "", dcgm: str = "",
-          kind: str = KIND_GPU, aggregate: bool = True) -> MetricSpec:
+          kind: str = KIND_GPU, aggregate: bool = True, counter: bool = False) -> MetricSpec:
     return MetricSpec(kind=kind, field=field, unit=unit, label=label, help=help, aggregate=aggregate,
-                      prom=prom, prom_help=prom_help, dcgm=dcgm)
+                      prom=prom, prom_help=prom_help, dcgm=dcgm, counter=counter)
 
 
 _PERCENT = ", which DCGM reports in percent"
@@ -145,6 +145,13 @@ METRICS: list[MetricSpec] = [
     _spec("gpm_window_s", "s", "GPM window", "the time the GPM values of this sample average over (>= 0.1 s)",
           "gpu_gpm_window_seconds", "The time the GPM values above average over, in seconds (>= 0.1).",
           aggregate=False),
+    # Read by the slow loop (~1 Hz: the call costs ~3 ms), so in about one gpu sample a second.
+    _spec("energy_j", "J", "energy", "energy the GPU used since the driver loaded (NVML total energy counter)",
+          "gpu_energy_consumption_joules",
+          "Energy the GPU used since the driver was loaded, in joules (nvmlDeviceGetTotalEnergyConsumption, "
+          "read about once a second).",
+          dcgm_same("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156, ", which DCGM reports in mJ"),
+          aggregate=False, counter=True),
     # A dict per PID: served as gputop_process_gpu_memory_bytes / _sm_utilization_ratio.
     _spec("procs", "", "GPU processes",
           "per process of the target tree: GPU memory (B) and SM % (time-based, like util_gpu)",

@@ -58,6 +58,7 @@ class _Gpu:
         self.power_limit_w: float | None = None
         self.mem_total: int | None = None
         self.pcie_pending: tuple[float | None, float | None] | None = None  # from the slow loop
+        self.energy_pending: float | None = None   # J, from the slow loop (one fast sample carries it)
         self.proc_util_ts = 0
         self.lost = False
         self.watched = False
@@ -133,6 +134,20 @@ class GpuReadings:
             gpu.info["power_limit_w"] = w
             gpu.info_dirty = True
 
+    def _read_energy(self, gpu: _Gpu) -> None:
+        """The total energy counter (mJ since the driver loaded, Volta and newer). It costs ~3 ms
+        (p90 ~7 ms) per call, so the slow loop reads it; the next fast sample carries it."""
+        if "energy_j" in gpu.na or gpu.lost:
+            return
+        fn = getattr(nv, "nvmlDeviceGetTotalEnergyConsumption", None)
+        if fn is None:
+            self._set_na(gpu, ("energy_j",), "nvidia-ml-py too old (no nvmlDeviceGetTotalEnergyConsumption)")
+            return
+        v = self._read(gpu, ("energy_j",), "nvmlDeviceGetTotalEnergyConsumption", fn)
+        if v is not None:
+            with self._lock:
+                gpu.energy_pending = int(v) / 1000.0
+
     def _gpu_sample(self, gpu: _Gpu) -> dict:
         util = self._read(gpu, ("util_gpu", "util_mem"), "nvmlDeviceGetUtilizationRates",
                           nv.nvmlDeviceGetUtilizationRates)
@@ -162,6 +177,10 @@ class GpuReadings:
         for f in GPM_FIELDS:
             data[f] = gpm.get(f) if gpm else None
         data["gpm_window_s"] = gpm.get("gpm_window_s") if gpm else None
+        data["energy_j"] = None
+        if gpu.energy_pending is not None:
+            with self._lock:
+                data["energy_j"], gpu.energy_pending = gpu.energy_pending, None
         if gpu.gpm is None and gpu.pcie_pending is not None:
             # Without GPM, PCIe rates come from the slow loop: each reading goes into exactly
             # one fast sample, so statistics count it once.

@@ -90,6 +90,8 @@ class SlowLoop:
                 return
             if gpu.lost or not (gpu.watched or self._auto):
                 continue
+            if gpu.watched:
+                self._read_energy(gpu)
             procs = self._running_procs(gpu)
             if procs is None:
                 continue  # no sample rather than an empty list: gpu_info.na or health says why

@@ -123,4 +123,22 @@ def step_data(c, w: dict) -> dict:
         "sync_top_count": _int(top0[1]) if top0 else None,
         "dropped": _int(w.get("dropped")),
         "probe_cpu_pct": probe_cpu_pct,
+        **flops_data(w.get("flops")),
     }
+
+
+def flops_data(f) -> dict:
+    """The probe's FLOP count of one step (gputop/probe/flops.py) as probe_step fields."""
+    if not isinstance(f, dict):
+        return {"flops_per_step": None, "flops_dtype": None, "flops_by_dtype": None, "flops_step": None,
+                "flops_count_ms": None, "flops_varies": None,
+                "flops_off": "this probe does not count FLOPs (a gputop older than the FLOP count)"}
+    by = f.get("by_dtype") if isinstance(f.get("by_dtype"), dict) else {}
+    by = {str(k)[:16]: v for k, v in list(by.items())[:8] if _int(v) is not None and v >= 0}
+    flops = _int(f.get("flops"))
+    flops = flops if flops is not None and flops >= 0 else None
+    return {"flops_per_step": flops, "flops_dtype": _str(f.get("dtype")) if flops is not None else None,
+            "flops_by_dtype": by or None, "flops_step": _int(f.get("step")),
+            "flops_count_ms": _r(_num(f.get("count_ms"))),
+            "flops_varies": bool(f.get("varies")) if flops is not None else None,
+            "flops_off": None if flops is not None else (_str(f.get("off")) or "no count yet")}

@@ -1,0 +1,254 @@
+"""Model FLOPs of one training step, counted by torch inside the job (no formula from the user).
+
+One sampled step runs under ``torch.utils.flop_counter.FlopCounterMode``: a TorchDispatchMode
+that sees every aten op the step dispatches (forward, backward and the optimizer; autograd's
+worker threads inherit the mode) and adds up the FLOPs of those it has a formula for (matmuls,
+convolutions, attention; element-wise ops count 0, as in the usual "model FLOPs").
+
+When: the step that begins at step boundary ``START_AT`` (the 3rd step: the first ones carry
+one-time work) once a monitor is attached, and again when the leading shape of the batches
+changes (at most ``MAX_COUNTS`` counts in a process): a count is per shape, so a loop whose
+shapes vary every step keeps its last count and says so (``varies``).
+
+What it costs that one step: every op goes through Python once more (measured in
+docs/probe.md); nothing is changed in the tensors and no GPU sync is added (FLOPs come from
+shapes). Every other step pays one attribute check at the boundary.
+
+Where it cannot be right it says n/a with the reason: once ``torch.compile`` is in use (compiled
+regions run as fused kernels the dispatcher does not see, so the count would be short), inside
+a CUDA-graph capture, and before torch has a FlopCounterMode (< 2.1).
+
+The compute dtype is taken from the counted ops themselves: the dtype of each op's first tensor
+input, FLOP-weighted, with float32 matmuls counted as ``tf32`` when
+``torch.backends.cuda.matmul.allow_tf32`` is on (convolutions: ``cudnn.allow_tf32``) on CUDA.
+
+Imports: the standard library only (torch is handed in by torch_hooks).
+"""
+
+from __future__ import annotations
+
+import threading
+
+START_AT = 2               # count the step that begins at this boundary (the 3rd step)
+MAX_COUNTS = 4             # counts per process (first + re-counts for new shapes)
+
+# torch dtype name -> the dtype class of the peak table (gputop/gpu_peaks.py)
+DTYPE_CLASS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64",
+               "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8"}
+CONV_OPS = ("convolution", "convolution_backward", "_convolution")
+COMPILED_WHY = ("torch.compile is in use: compiled regions run as fused kernels outside the dispatcher "
+                "that FlopCounterMode watches, so a count would be short")
+
+
+def first_shape(batch) -> tuple | None:
+    """The shape of a batch's first tensor (the one that sets the step's FLOPs), or None."""
+    x = batch
+    for _ in range(3):
+        shape = getattr(x, "shape", None)
+        if shape is not None:
+            return shape                # torch.Size, a tuple: compared as it is
+        if isinstance(x, (list, tuple)) and x:
+            x = x[0]
+        elif isinstance(x, dict) and x:
+            x = next(iter(x.values()))
+        else:
+            return None
+    return None
+
+
+class FlopCounter:
+    """One per probe, created when torch is hooked. ``armed``: the next boundary has work."""
+
+    def __init__(self, probe, torch) -> None:
+        self.p = probe
+        self.torch = torch
+        self.armed = True
+        self.watch_shapes = False       # note_batch: learn the counted shape, then compare
+        self.flops: int | None = None
+        self.by_dtype: dict[str, int] = {}
+        self.step: int | None = None    # the step counted
+        self.count_ms: float | None = None
+        self.counts = 0
+        self.varies = False
+        self.off: str | None = "waiting for a monitor and the job's 3rd step"
+        self._mode = None
+        self._start_n = 0
+        self._start_t = 0.0
+        self._thread = 0
+        self._shape = None              # the counted step's batch shape
+        self._seen_shape = None         # first batch shape seen during the counted step
+        self._compiles_at_start = 0
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+            self._cls = _dtype_counter(FlopCounterMode)
+        except Exception as e:
+            self._cls = None
+            self.armed = False
+            self.off = (f"torch {getattr(torch, '__version__', '?')} has no torch.utils.flop_counter "
+                        f"({type(e).__name__}): FLOPs need torch >= 2.1")
+
+    # -- training thread ---------------------------------------------------------------------
+    def at_boundary(self, n: int, now: float) -> None:
+        """A step ended (boundary ``n``). Finish a count in progress, or start one if due."""
+        if self._mode is not None:
+            if threading.get_ident() == self._thread:
+                self._finish(n, now)
+            return
+        if n < START_AT or not self.p.monitoring:
+            return
+        why = self._cannot_count()
+        if why is not None:
+            self.off = why
+            self.flops = None
+            self.armed = self.watch_shapes = False
+            return
+        self._start(n, now)
+
+    def note_batch(self, batch) -> None:
+        """A batch reached the loop: its shape decides whether the count still holds."""
+        shape = first_shape(batch)
+        if self._mode is not None:
+            if self._seen_shape is None:
+                self._seen_shape = shape
+            return
+        if self.armed or shape is None or self._shape is None or shape == self._shape:
+            return
+        if self.counts >= MAX_COUNTS:
+            self.varies = True          # keep the last count; stop comparing
+            self.watch_shapes = False
+        else:
+            self.armed = True
+
+    def stop(self) -> None:
+        """A failure: count no more, and leave no mode of ours behind."""
+        self.armed = self.watch_shapes = False
+        self.flops = None
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            try:
+                from torch.utils._python_dispatch import _get_current_dispatch_mode
+                if _get_current_dispatch_mode() is getattr(mode, "mode", mode):
+                    mode.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    def after_fork_in_child(self) -> None:
+        """A child forked during the counted step (a DataLoader worker started by iter() in it)
+        inherits the forking thread's dispatch mode: pop it there, or every op of the worker
+        would go through the counter for good. The child counts nothing itself."""
+        self.stop()
+        self.off = "a forked child (a DataLoader worker): not counted"
+
+    def _cannot_count(self) -> str | None:
+        th = self.p.torch_hooks
+        if th is not None and (th.compile_count or _dynamo_graphs()):
+            return COMPILED_WHY
+        torch = self.torch
+        try:
+            if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+                return "a CUDA graph is being captured"
+        except Exception:
+            pass
+        return None
+
+    def _start(self, n: int, now: float) -> None:
+        torch = self.torch
+        mode = self._cls(display=False)
+        mode.gputop_tf32 = (_flag(lambda: torch.backends.cuda.matmul.allow_tf32),
+                            _flag(lambda: torch.backends.cudnn.allow_tf32))
+        mode.gputop_by_dtype = {}
+        th = self.p.torch_hooks
+        self._compiles_at_start = th.compile_count if th is not None else 0
+        self._seen_shape = None
+        self.watch_shapes = True        # from now on each batch's shape is looked at
+        self._thread = threading.get_ident()
+        self._start_n, self._start_t = n, now
+        self._mode = mode       # before entering: stop() can undo a half-entered mode
+        mode.__enter__()
+
+    def _finish(self, n: int, now: float) -> None:
+        mode, self._mode = self._mode, None
+        self.armed = False
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        if _get_current_dispatch_mode() is not getattr(mode, "mode", mode):
+            # Another mode was pushed inside the step and is still on top: popping ours now
+            # would pop that one. Leave the stack as the job has it; report no count.
+            self.off = "another TorchDispatchMode was active at the step's end: no count"
+            self.flops = None
+            return
+        mode.__exit__(None, None, None)
+        th = self.p.torch_hooks
+        if th is not None and th.compile_count != self._compiles_at_start:
+            self.off, self.flops = COMPILED_WHY, None
+            return
+        steps = max(1, n - self._start_n)
+        total = mode.get_total_flops()
+        self.flops = int(total // steps)
+        by = {k: int(v // steps) for k, v in mode.gputop_by_dtype.items()}
+        if total and not by:   # an older FlopCounterMode without _count_flops: the settings say
+            by = {self._dtype_from_settings(): self.flops}
+        self.by_dtype = by
+        self.step = self._start_n + 1
+        self.count_ms = (now - self._start_t) * 1000.0 / steps
+        self.counts += 1
+        self.off = None if total else "the counted step ran no op with a FLOP formula (matmul, conv, attention)"
+        self._shape = self._seen_shape
+        self.watch_shapes = self._shape is not None
+
+    def _dtype_from_settings(self) -> str:
+        th = self.p.torch_hooks
+        for a in sorted(getattr(th, "autocast", ()) or ()):
+            c = DTYPE_CLASS.get(a.partition(":")[2])
+            if c in ("bf16", "fp16"):
+                return c
+        dts = ((th.optimizer or {}).get("param_dtypes") if th is not None else None) or ["float32"]
+        return DTYPE_CLASS.get(dts[0], dts[0])
+
+    # -- probe thread ---------------------------------------------------------------------------
+    def message(self) -> dict:
+        by = dict(self.by_dtype) if self.flops is not None else {}
+        main = max(by, key=by.get) if by else None
+        return {"flops": self.flops, "by_dtype": by, "dtype": main, "step": self.step, "count_ms": self.count_ms,
+                "counts": self.counts, "varies": self.varies, "off": self.off if self.flops is None else None}
+
+
+def _flag(fn) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False
+
+
+def _dynamo_graphs() -> int:
+    import sys
+    dyn = sys.modules.get("torch._dynamo.utils")
+    if dyn is None:
+        return 0
+    try:
+        return int(getattr(dyn, "counters", {}).get("stats", {}).get("unique_graphs", 0))
+    except Exception:
+        return 0
+
+
+def _dtype_counter(base):
+    """FlopCounterMode that also adds each op's FLOPs to its dtype class (see the module doc)."""
+
+    class _DtypeFlopCounter(base):
+        def _count_flops(self, func_packet, out, args, kwargs):
+            glob = self.flop_counts["Global"]
+            before = glob.get(func_packet, 0)
+            r = super()._count_flops(func_packet, out, args, kwargs)
+            added = glob.get(func_packet, 0) - before
+            if added:
+                t = next((a for a in args if hasattr(a, "dtype") and hasattr(a, "device")), None)
+                name = str(t.dtype).replace("torch.", "") if t is not None else "?"
+                cls = DTYPE_CLASS.get(name, name)
+                if cls == "fp32" and t.device.type == "cuda":
+                    conv = str(func_packet).split(".")[-1] in CONV_OPS
+                    if self.gputop_tf32[1 if conv else 0]:
+                        cls = "tf32"
+                by = self.gputop_by_dtype
+                by[cls] = by.get(cls, 0) + added
+            return r
+
+    return _DtypeFlopCounter

@@ -1,0 +1,238 @@
+"""FLOPs per step from the probe (a real CPU torch job), the dense-peak table, MFU and energy
+(the efficiency derivation, on a real H200 recording)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputop import gpu_peaks
+from gputop.derive import efficiency as ef
+from gputop.derive.steps import pool_steps
+from gputop.model import Sample
+from gputop.probe.flops import COMPILED_WHY
+from gputop.session.launch import launch_with_probe
+from gputop.session.recording import RecordingReader
+from gputop.sources.probe_messages import flops_data
+from tests.test_probe import env_with_dir, start_client, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "tests" / "data" / "h200" / "gpu_bound.gtrec"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def flops_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("flops")
+    out, hold = tmp / "out.json", tmp / "hold"
+    job = launch_with_probe([sys.executable, str(ROOT / "tests" / "workloads" / "flops_train.py"), "--steps", "20",
+                             "--out", str(out), "--hold-file", str(hold)], env=env_with_dir(tmp / "sock"))
+    src, col = start_client(job.pid)
+    try:
+        own = json.loads(wait_for(lambda: out.exists() and out.read_text(), 100, "the job to train", job=job))
+        wait_for(lambda: any(s.get("step_total") == own["compile_done"]["steps"] for s in col.of("probe_step")),
+                 20, "the last window")
+        hold.touch()
+        assert job.wait(timeout=30) == 0
+        yield own, col.of("probe_step")
+    finally:
+        src.stop()
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def _phase(windows, lo: int, hi: int) -> list[Sample]:
+    """Windows whose counted step lies in (lo, hi]."""
+    return [w for w in windows if w.get("flops_per_step") is not None and lo < w.get("flops_step") <= hi]
+
+
+def test_mlp_flops_per_step_are_the_exact_matmul_sum(flops_run):
+    own, windows = flops_run
+    mlp = _phase(windows, 0, own["mlp_done"]["steps"])
+    assert mlp, "no count during the MLP phase"
+    w = mlp[0]
+    assert w.get("flops_per_step") == own["mlp_flops"]      # 2*M*N*K of fwd + both backward matmuls
+    assert w.get("flops_step") == 3 and w.get("flops_dtype") == "fp32"
+    assert w.get("flops_by_dtype") == {"fp32": own["mlp_flops"]}
+    # The one counted step's cost is measured and shipped.
+    assert w.get("flops_count_ms") > 0
+    # Every step forked a DataLoader worker, the counted one too: no worker kept the counter.
+    assert own["worker_saw_a_mode"] is False
+
+
+def test_a_new_batch_shape_is_counted_again_and_bf16_autocast_is_the_dtype(flops_run):
+    own, windows = flops_run
+    gpt = _phase(windows, own["mlp_done"]["steps"], own["gpt_done"]["steps"])
+    assert gpt, "the transformer's new batch shape was not counted again"
+    f = gpt[-1].get("flops_per_step")
+    # 6 x matmul params x tokens (+ attention, which CPU SDPA has no formula for): within 5%
+    assert abs(f - own["gpt_flops"]) / own["gpt_flops"] < 0.05, (f, own["gpt_flops"])
+    assert abs(f - own["gpt_6nt"]) / own["gpt_6nt"] < 0.05
+    assert gpt[-1].get("flops_dtype") == "bf16"
+
+
+def test_torch_compile_gives_na_with_the_reason(flops_run):
+    own, windows = flops_run
+    last = windows[-1]
+    assert last.get("flops_per_step") is None and last.get("flops_off") == COMPILED_WHY
+    assert last.get("flops_dtype") is None and last.get("flops_by_dtype") is None
+
+
+def test_achieved_flops_are_flops_per_step_times_steps_per_s_and_mfu_on_cpu_says_why(flops_run):
+    own, windows = flops_run
+    gpt = [w for w in _phase(windows, own["mlp_done"]["steps"], own["gpt_done"]["steps"]) if w.get("steps")]
+    res = ef.efficiency({"probe_step": {"1": gpt}})
+    r = res["ranks"][0]
+    sps = pool_steps(w.data for w in gpt).steps_per_training_s
+    assert r["achieved_tflops"] == pytest.approx(r["flops_per_step"] * sps / 1e12)
+    assert res["mfu"] is None and "GPU model not known" in res["mfu_off"]
+
+
+def test_without_the_probe_mfu_and_energy_per_step_say_why():
+    samples = [s for s in RecordingReader(str(H200)).all_samples() if not s.kind.startswith("probe_")]
+    res = ef.efficiency(ef.group(sorted(samples, key=lambda s: s.t)))
+    assert res["mfu"] is None and "no probe" in res["mfu_off"]
+    assert res["joules_per_step"] is None and "no probe steps" in res["energy_off"]
+    assert res["gpus"][0]["joules"] > 0   # energy itself needs no probe
+
+
+def test_an_older_probe_without_a_count_says_so():
+    d = flops_data(None)
+    assert d["flops_per_step"] is None and "older" in d["flops_off"]
+    d = flops_data({"flops": -5, "by_dtype": {"bf16": "x", "fp32": 3}, "off": "x" * 1000})
+    assert d["flops_per_step"] is None and len(d["flops_off"]) <= 400
+    d = flops_data({"flops": 10, "by_dtype": {"bf16": 7, "fp32": 3, "bad": -1}, "dtype": "bf16"})
+    assert d["flops_by_dtype"] == {"bf16": 7, "fp32": 3} and d["flops_off"] is None
+
+
+@pytest.mark.parametrize("name,model", [
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100-PCIE-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"), ("NVIDIA A10", "A10"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA GH200 480GB", "GH200"), ("Tesla T4", "T4"), ("NVIDIA A10G", None), ("NVIDIA B200", None),
+])
+def test_device_names_match_their_model(name, model):
+    assert gpu_peaks.model_of(name) == model
+
+
+def test_peaks_are_dense_and_sourced():
+    # The datasheets' tensor numbers are with sparsity: the table has half of them.
+    assert gpu_peaks.dense_peak("NVIDIA H100 80GB HBM3", "bf16")[0] == 989.4
+    assert gpu_peaks.dense_peak("NVIDIA H200", "bf16")[0] == 989.5
+    assert gpu_peaks.dense_peak("NVIDIA A100-SXM4-40GB", "tf32")[0] == 156.0
+    assert gpu_peaks.dense_peak("NVIDIA L40S", "fp8")[0] == 733.0
+    for model, (peaks, source) in gpu_peaks.PEAKS.items():
+        assert "http" in source, model
+        assert set(peaks) <= set(gpu_peaks.DTYPES)
+        # dense tensor peaks: bf16 at most 16x fp32 on every part listed (a sparse one would be 32x)
+        if "bf16" in peaks:
+            assert peaks["bf16"] <= 16 * peaks["fp32"], model
+    v, why = gpu_peaks.dense_peak("NVIDIA B200", "bf16")
+    assert v is None and "not in gputop's table" in why
+    v, why = gpu_peaks.dense_peak("NVIDIA A100-SXM4-80GB", "fp8")
+    assert v is None and "no published fp8" in why
+    assert gpu_peaks.dense_peak(None, "bf16")[0] is None
+
+
+def test_mixed_dtypes_get_the_flop_weighted_peak():
+    peak, _ = ef.effective_peak("NVIDIA H200", {"bf16": 900, "fp32": 100})
+    # time at peak: 900/989.5 + 100/67 (in TFLOP units)
+    assert peak / 1e12 == pytest.approx(1000 / (900 / 989.5 + 100 / 67.0))
+    assert ef.mfu(0.5 * peak, peak) == 0.5
+
+
+def _h200():
+    return sorted(RecordingReader(str(H200)).all_samples(), key=lambda s: s.t)
+
+
+def test_energy_on_the_h200_recording_is_power_x_time_labelled():
+    samples = _h200()
+    gpu = [s for s in samples if s.kind == "gpu" and s.key == "0"]
+    assert all(s.data.get("energy_j") is None for s in gpu), "the recording has no energy counter"
+    res = ef.efficiency(ef.group(samples), grid_g_per_kwh=400.0)
+    g = res["gpus"][0]
+    assert g["method"] == ef.METHOD_POWER and res["energy_method"] == "power x time"
+    # Independently: mean power x span (the samples are ~evenly spaced at 10 Hz).
+    watts = [s.data["power_w"] for s in gpu if s.data.get("power_w") is not None]
+    span = gpu[-1].t - gpu[0].t
+    assert g["joules"] == pytest.approx(sum(watts) / len(watts) * span, rel=0.02)
+    assert 600 < g["watts"] < 710          # the GEMM at the 700 W cap
+    sps = res["ranks"][0]["steps_per_observed_s"]
+    assert res["joules_per_step"] == pytest.approx(g["watts"] / sps)
+    assert res["kwh"] == pytest.approx(g["joules"] / 3.6e6)
+    assert res["co2e_g"] == pytest.approx(res["kwh"] * 400.0)
+    assert res["tensor_active_pct"] > 50    # GPM cross-check present beside MFU
+
+
+def test_the_energy_counter_wins_over_power_when_present():
+    # The recording's own power, integrated into a counter at 1 Hz the way the slow loop reads it.
+    gpu = [s for s in _h200() if s.kind == "gpu" and s.key == "0"]
+    total, last_t, out = 1e6, gpu[0].t, []
+    prev = gpu[0]
+    for s in gpu:
+        total += (s.t - prev.t) * ((prev.data.get("power_w") or 0) + (s.data.get("power_w") or 0)) / 2
+        prev = s
+        reading = total if s.t - last_t >= 1.0 else None
+        if reading is not None:
+            last_t = s.t
+        out.append(Sample(s.t, s.kind, s.key, {**s.data, "energy_j": reading}))
+    e = ef.gpu_energy(out)
+    assert e.method == ef.METHOD_COUNTER
+    assert e.watts == pytest.approx(ef.gpu_energy(gpu).watts, rel=0.02)
+
+
+def _store_with_flops(flops: int | None):
+    """The real H200 recording in a store; its probe windows given a FLOP count (the recording
+    predates the count) when ``flops`` is set."""
+    from gputop.session.store import SampleStore
+    store = SampleStore(horizon_s=600)
+    out = []
+    for s in _h200():
+        if s.kind == "probe_step" and flops is not None:
+            s = Sample(s.t, s.kind, s.key, {**s.data, "flops_per_step": flops, "flops_dtype": "bf16",
+                                            "flops_by_dtype": {"bf16": flops}, "flops_off": None})
+        out.append(s)
+    store.on_samples(out)
+    return store, out
+
+
+def test_prometheus_serves_mfu_flops_and_energy_per_step():
+    from prometheus_client.core import CounterMetricFamily  # noqa: F401  (the exporter's dependency)
+
+    from gputop.export.prometheus import collect_families
+    flops = 6 * 201_433_098 * 4096    # what a 201M-parameter model at 4096 tokens/step would count
+    store, samples = _store_with_flops(flops)
+    now = max(s.t for s in samples)
+    fams = {f.name: f for f in collect_families(store, now, {"host": "h"})}
+    res = ef.live(store, now)
+    r = res["ranks"][0]
+    got = {s.labels["dtype"]: s.value for s in fams["gputop_mfu_ratio"].samples}
+    assert got == {"bf16": pytest.approx(r["mfu"])}
+    assert r["mfu"] == pytest.approx(flops * r["steps_per_s"] / 989.5e12)
+    ach = fams["gputop_achieved_flops_per_second"].samples[0].value
+    assert ach == pytest.approx(flops * r["steps_per_s"])
+    jps = fams["gputop_gpu_energy_per_step_joules"].samples[0]
+    assert jps.labels["method"] == "power x time" and jps.value == pytest.approx(res["joules_per_step"])
+    # Without a count: no MFU series at all (None is never served as 0), energy still there.
+    store, samples = _store_with_flops(None)
+    fams = {f.name: f for f in collect_families(store, now, {"host": "h"})}
+    assert "gputop_mfu_ratio" not in fams and "gputop_gpu_energy_per_step_joules" in fams
+
+
+def test_report_section_and_grid_intensity_from_the_command_line(tmp_path):
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200), "--json", "--grid-intensity", "400"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    sec = json.loads(out.stdout)["efficiency"]
+    assert sec["energy_method"] == "power x time" and sec["co2e_g"] == pytest.approx(sec["kwh"] * 400)
+    assert sec["mfu"] is None and "no FLOP count" in sec["mfu_off"]
+    bad = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200), "--grid-intensity", "-3"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
