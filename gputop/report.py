@@ -484,6 +484,8 @@ def _register_builtin_sections() -> None:
     register_section(ReportSection("probe", (*PROBE_KINDS, _H),
                                    lambda samples, report: steps.report_section(samples), steps.report_lines))
     register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines))
+    from gputop.derive import stall
+    register_section(ReportSection("stall", (stall.KIND_STALL_SNAPSHOT,), stall.report_section, stall.report_lines))
 
 
 _register_builtin_sections()
