@@ -75,9 +75,14 @@ def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0) -> dic
         log.close()
     evs = [json.loads(line) for line in events.read_text().splitlines()]
     to_session = lambda t: t - clock.start_monotonic  # noqa: E731  (monotonic -> session time)
-    tick_rows = [(to_session(float(t)), int(n)) for t, n in (ln.split() for ln in ticks.read_text().splitlines())]
-    return {"samples": samples, "events": [{**e, "t": to_session(e["t"])} for e in evs], "ticks": tick_rows,
-            "recording": rec, "end_t": session.now(), "exit_t": None}
+
+    def read_ticks(path: pathlib.Path) -> list[tuple[float, int]]:
+        return [(to_session(float(t)), int(n)) for t, n in (ln.split() for ln in path.read_text().splitlines())]
+
+    return {"samples": samples, "events": [{**e, "t": to_session(e["t"])} for e in evs],
+            "ticks": read_ticks(ticks) if ticks.exists() else [],
+            "rank_ticks": {int(p.suffix[1:]): read_ticks(p) for p in tmp.glob("ticks.txt.*")},
+            "recording": rec}
 
 
 def of_kind(samples, kind, key=None):

@@ -15,7 +15,7 @@ from gputop.verdicts.registry import verdict
 from gputop.verdicts.signals import Signals
 
 
-@verdict(title="Stalled: no progress", severity=SEVERITY_CRITICAL, order=-10,
+@verdict(title="Stalled: no progress", severity=SEVERITY_CRITICAL, order=1,
          meaning="no step for max({STALL_MIN_S:.0f} s, {STALL_STEP_FACTOR:.0f}x median step), or main thread "
                  "and GPU idle {STALL_IDLE_S:.0f} s")
 def stalled(sig: Signals) -> Finding | None:

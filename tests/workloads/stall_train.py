@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=20.0, help="host time per step on top of the model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--gpu-matmuls", type=int, default=0, help="extra dim x dim matmuls a step (keeps a GPU busy)")
     ap.add_argument("--ticks", default=None)
     ap.add_argument("--events", default=None)
     ap.add_argument("--launch-ranks", type=int, default=0)
@@ -112,6 +113,7 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(a.dim, a.dim), torch.nn.ReLU(), torch.nn.Linear(a.dim, 1)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, a.dim, device=dev), torch.randn(32, 1, device=dev)
+    big = torch.randn(a.dim, a.dim, device=dev) if a.gpu_matmuls else None
     ticker = Ticker(f"{a.ticks}.{rank}" if a.ticks and world > 1 else a.ticks)
     ticker.start()
     events = open(a.events, "a") if a.events else None
@@ -121,24 +123,29 @@ def main() -> int:
             events.write(json.dumps({"t": time.monotonic(), "rank": rank, **kw}) + "\n")
             events.flush()
 
-    def step() -> None:
+    def step(done: bool = False) -> bool:
+        """One step; with ranks, the gradients' all_reduce also carries each rank's "my time is
+        up" flag, so every rank takes the same number of steps. True: a rank is done."""
+        for _ in range(a.gpu_matmuls):
+            big.copy_(torch.tanh(big @ big))
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         if dist is not None:
-            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            flag = torch.tensor([1.0 if done else 0.0], device=dev)
+            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()] + [flag])
             dist.all_reduce(flat)  # STALL-ALLREDUCE
+            done = bool(flat[-1].item() > 0)
         opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         time.sleep(a.step_ms / 1000.0)
+        return done
 
     def train(seconds: float) -> None:
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            step()
-        if dist is not None:
-            dist.barrier()   # the ranks start each scene together
+        while not step(time.monotonic() >= end):
+            pass
 
     time.sleep(a.startup_s)
     event(scene="training")
