@@ -40,13 +40,16 @@ def marker_line(tag: str) -> int:
     raise AssertionError(tag)
 
 
-def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0) -> dict:
-    """Run the workload to its end under a recorded session; every published sample comes back."""
+def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0, probe: bool = True,
+            min_s: float = MIN_S, factor: float | None = None) -> dict:
+    """Run the workload to its end under a recorded session; every published sample comes back.
+    ``probe=False``: no probe, so the steps are the ones the stacks show."""
     env = dict(os.environ, GPUTOP_PROBE_DIR=str(tmp / "sock"), OMP_NUM_THREADS="1")
     ticks, events = tmp / "ticks.txt", tmp / "events.jsonl"
     cmd = [sys.executable, str(WORKLOAD), "--ticks", str(ticks), "--events", str(events), *args]
     log = open(tmp / "job.log", "w")
-    proc = launch_with_probe(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    start = launch_with_probe if probe else subprocess.Popen
+    proc = start(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     samples: list = []
     try:
         clock = SessionClock()
@@ -57,8 +60,9 @@ def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0) -> dic
         meta = base_meta(clock, ["tests/stall"])
         meta["target"] = target.describe()
         rec = tmp / "stall.gtrec"
+        detector = StallDetector(min_s=min_s) if factor is None else StallDetector(min_s=min_s, factor=factor)
         session = LiveSession(sources, clock, meta, recorder=Recorder(RecordingWriter(str(rec), meta)),
-                              processors=[ThreadStateProcessor(), BudgetProcessor(), StallDetector(min_s=MIN_S),
+                              processors=[ThreadStateProcessor(), BudgetProcessor(), detector,
                                           VerdictEngine()])
         session.bus.subscribe(CallbackSubscriber(samples.extend))
         session.start()

@@ -8,8 +8,10 @@ stalled now, since when, why, and the ranks a snapshot should dump. Two ways to 
   moment of the main thread in a backward pass or an optimizer step (frame_rules' TRAIN hint);
   the median step time is then the median gap between the starts of those runs. A job of
   several ranks steps when any rank does (synchronous data parallel ranks step together).
-- **idle**: the main thread off the CPU (running < ``IDLE_MAIN_RUNNING``) and the GPU idle
-  (util.gpu and SM active < ``IDLE_GPU_PCT``, or no GPU at all) for ``idle_s`` without a break.
+- **idle**: the main thread off the CPU in every py-spy sample (a wait its frames name: sleep,
+  lock, collective, data, sync, I/O; or Python code the kernel saw on the CPU <
+  ``IDLE_MAIN_RUNNING``) and the GPU idle (util.gpu and SM active < ``IDLE_GPU_PCT``, or no GPU
+  at all) for ``idle_s`` without a break. It needs py-spy's stacks.
 
 What is not a stall (docs/verdicts.md, "stalled"): start-up before the first step (nothing has
 progressed yet: a job that never stepped and never kept its GPU busy is never called stalled),
@@ -24,13 +26,13 @@ what each rank's threads are doing for the Stall view and the report.
 
 from __future__ import annotations
 
+import math
 import statistics
 
-from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STALL, KIND_STALL_SNAPSHOT, KIND_TARGET,
-                              KIND_THREAD_STATE)
+from gputop.catalogue import KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STALL, KIND_STALL_SNAPSHOT, KIND_TARGET
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
-from gputop.derive.budget import COLLECTIVE, owner
+from gputop.derive.budget import BLOCKED, COLLECTIVE, CPU, CPU_WAIT, DATA, IO, SYNC, owner
 from gputop.derive.budget_processor import judged_process
 from gputop.derive.moments import MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
@@ -40,16 +42,26 @@ STALL_MIN_S = 10.0          # no step for at least this long ...
 STALL_STEP_FACTOR = 20.0    # ... and for 20x the median step time (a slow step is not a stall)
 STALL_IDLE_S = 30.0         # main thread and GPU both idle this long without a break
 IDLE_MAIN_RUNNING = 5.0     # % of the main thread's time on the CPU below which it is idle or waiting
+IDLE_FRESH_S = 6.0          # the newest py-spy sample must be this recent to say the thread waits now
 IDLE_GPU_PCT = 5.0          # util.gpu / SM active below which the GPU is idle
 BUSY_GPU_PCT = 20.0         # a GPU seen this busy means the job was making progress once
-HISTORY_S = 120.0           # the median step time is taken over this much of the past
+HISTORY_S = 120.0           # the median step time is taken over this much of the past (probe)
+MOMENTS_S = 40.0            # py-spy moments looked at each second (stack steps, the idle test)
 SAY_EVERY_S = 1.0
 _NUM = (int, float)
 _PAUSED = (ph.EVALUATION, ph.CHECKPOINTING)   # phases without steps: the step clock waits
+_WAITING = (DATA, SYNC, BLOCKED, COLLECTIVE, IO)   # what a main thread named by its frames waits in
 
 
 def _num(v) -> float | None:
-    return float(v) if type(v) in _NUM else None
+    """A finite number, else None (a bool, a string, inf from a damaged file)."""
+    if type(v) not in _NUM:
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 class StallDetector:
@@ -81,9 +93,12 @@ class StallDetector:
             if p50:
                 self.step_s[pid] = statistics.median(p50)
 
-    def _stack_steps(self, store, pid: str, now: float, gpus: list[str]) -> None:
+    def _moments(self, store, pid: str, now: float, gpus: list[str]) -> list:
         b = self.builders.setdefault(pid, MomentBuilder(max_windows=64))
-        moments, _ = b.moments(store, pid, now - HISTORY_S, now, gpus)
+        # enough to see an idle stretch of idle_s and a few steps; a longer look costs every second
+        return b.moments(store, pid, now - max(MOMENTS_S, self.idle_s + 10.0), now, gpus)[0]
+
+    def _stack_steps(self, pid: str, moments: list) -> None:
         starts, prev = [], False
         for m in moments:
             train = m.naming.hint == fr.TRAIN
@@ -96,19 +111,43 @@ class StallDetector:
             self.step_s[pid] = statistics.median(b - a for a, b in zip(starts, starts[1:]))
 
     # -- idle ------------------------------------------------------------------------------
-    def _idle_now(self, store, now: float, pids: list[str], gpus: list[str]) -> bool:
-        mains = [store.latest(KIND_THREAD_STATE, f"{p}:{p}") for p in pids]
-        mains = [s for s in mains if s is not None and s.t >= now - 5.0]
-        if not mains or any((_num(s.get("running_pct")) or 0.0) >= IDLE_MAIN_RUNNING for s in mains):
-            return False
-        recent = store.window(KIND_GPU, now - 3.0)
-        vals = [v for k in gpus for s in recent.get(k, ()) for f in ("util_gpu", "sm_active")
-                if (v := _num(s.get(f))) is not None]
-        if any(v >= BUSY_GPU_PCT for v in vals):
+    @staticmethod
+    def _waiting(m) -> bool:
+        """A py-spy moment of the main thread off the CPU: in a wait its frames name (a sleep, a
+        lock, a collective, data, a sync, I/O), or Python code the kernel saw mostly off the CPU."""
+        if m.naming.cat in _WAITING:
+            return True
+        if m.split is not None:
+            return m.split.shares.get(CPU, 0.0) + m.split.shares.get(CPU_WAIT, 0.0) < IDLE_MAIN_RUNNING / 100.0
+        return False
+
+    def _idle_since(self, store, now: float, moments_of: dict[str, list], gpus: list[str]) -> float | None:
+        """Since when every judged main thread has waited and the GPU has been idle (None: not now).
+        From the py-spy moments (each at its own time), not the 10 s thread-state shares."""
+        since = float("-inf")
+        for ms in moments_of.values():
+            if not ms or ms[-1].t < now - IDLE_FRESH_S or not self._waiting(ms[-1]):
+                return None
+            start = ms[-1].t
+            for m in reversed(ms):
+                if not self._waiting(m):
+                    break
+                start = m.t - m.dt / 2
+            since = max(since, start)
+        if not moments_of:
+            return None
+        series = store.window(KIND_GPU, now - HISTORY_S)
+        rows = sorted((s.t, max(vals)) for k in gpus for s in series.get(k, ())
+                      if (vals := [v for f in ("util_gpu", "sm_active") if (v := _num(s.get(f))) is not None]))
+        if any(v >= BUSY_GPU_PCT for _t, v in rows):
             self.progressed = True
-        if not recent:
-            return True          # no GPU counters at all: the main thread alone says
-        return bool(vals) and max(vals) < IDLE_GPU_PCT
+        for t, v in reversed(rows):   # the GPU's own idle stretch (no GPU counters: the thread alone)
+            if v >= IDLE_GPU_PCT:
+                since = max(since, t)
+                break
+        if rows and rows[-1][1] >= IDLE_GPU_PCT:
+            return None
+        return since
 
     # -- the processor -----------------------------------------------------------------------
     def process(self, store, now: float) -> list[Sample]:
@@ -122,10 +161,12 @@ class StallDetector:
             if pid is None:
                 return []
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
+        moments_of = {}
         for pid in pids:
             self._probe_steps(store, pid, now)
-            if pid not in self.last_step or not store.window(KIND_PROBE_STEP, now - HISTORY_S).get(pid):
-                self._stack_steps(store, pid, now, gpus)
+            moments_of[pid] = self._moments(store, pid, now, gpus)
+            if not store.window(KIND_PROBE_STEP, now - HISTORY_S).get(pid):
+                self._stack_steps(pid, moments_of[pid])
         phase = store.latest(KIND_PHASE, "main")
         phase_name = phase.get("phase") if phase is not None else None
         target = next(iter(store.latest_of_kind(KIND_TARGET).values()), None)
@@ -138,8 +179,7 @@ class StallDetector:
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
         threshold = max(self.min_s, self.factor * median) if median is not None else self.min_s
-        idle = self._idle_now(store, now, pids, gpus)
-        self.idle_since = (self.idle_since if self.idle_since is not None else now) if idle else None
+        self.idle_since = self._idle_since(store, now, moments_of, gpus)
 
         reason = None
         if not ended and self.progressed:
@@ -278,7 +318,8 @@ def gpu_text(g: dict) -> str:
 
 
 def _clock(t) -> str:
-    if type(t) not in _NUM:
+    t = _num(t)
+    if t is None or abs(t) > 1e9:
         return "?"
     t = max(0, int(t))
     return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}" if t >= 3600 else f"{t // 60}:{t % 60:02d}"
