@@ -38,6 +38,8 @@ KIND_VERDICT_PRIMARY = "verdict_primary"  # the verdict that explains most now, 
 KIND_VERDICT_CHANGE = "verdict_change"    # a verdict turned on or off, key = id
 KIND_BUDGET = "budget"                    # the time budget, key = "window" / "session" (derive/budget_processor.py)
 KIND_PHASE = "phase"                      # the job's phase (start-up, training, ...), key = "main" (derive/phases.py)
+KIND_STALL = "stall"                      # is the loop stalled, since when, key = "job" (derive/stall.py)
+KIND_STALL_SNAPSHOT = "stall_snapshot"    # every rank's threads at a stall, key = "job" (sources/stall_snapshot.py)
 
 # The stack source's name (its health samples' key) and the kernel wait classes a
 # thread_kernel sample counts per thread (sources/stacks.py writes them, derive/ reads them).

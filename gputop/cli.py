@@ -92,6 +92,10 @@ def _optional_sources(clock, target, a) -> list:
         ProbeClientSource = None
     if ProbeClientSource is not None:
         out.append(ProbeClientSource(clock, target))
+    if not a.no_stacks:
+        from gputop.sources.stall_snapshot import StallSnapshotSource
+
+        out.append(StallSnapshotSource(clock))
     return out
 
 

@@ -486,6 +486,8 @@ def _register_builtin_sections() -> None:
     register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines))
     from gputop.derive import efficiency
     register_section(ReportSection("efficiency", efficiency.KINDS, efficiency.report_section, efficiency.report_lines))
+    from gputop.derive import stall
+    register_section(ReportSection("stall", (stall.KIND_STALL_SNAPSHOT,), stall.report_section, stall.report_lines))
 
 
 _register_builtin_sections()

@@ -111,6 +111,9 @@ class LiveSession:
         self.bus.subscribe(self.store)
         if recorder is not None:
             self.bus.subscribe(recorder)
+        for src in self.sources:   # a source that reacts to samples (the stall snapshot) listens
+            if callable(getattr(src, "on_samples", None)):
+                self.bus.subscribe(src)
         self._stop = threading.Event()
         self._derive_thread: threading.Thread | None = None
         self.started = False

@@ -301,6 +301,7 @@ class GputopApp(App[int]):
         Binding("tab", "next_view", "Next view", show=False, priority=True),
         Binding("shift+tab", "prev_view", "Previous view", show=False, priority=True),
         *[Binding(view_number(n), f"view({n})", f"View {n}", show=False) for n in range(1, 11)],
+        Binding("s", "view_id('stall')", "Stall view", show=False),
         Binding("space", "toggle_play", "Play/pause", key_display="space", priority=True),
         Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
         Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
@@ -456,10 +457,11 @@ class GputopApp(App[int]):
         n = len(self.view_specs)
         # keys 1-9, then 0 for the tenth view (view_number)
         views_key = "0-9" if n >= 10 else (f"1-{n}" if n > 1 else "1")
+        stall = [("s", "stall")] if any(v.id == "stall" for v in self.view_specs) else []
         if self.session.playback is not None:
             return [("q", "quit"), ("?", "help"), ("space", "play"), ("←→", "±10s"), ("[]", "±1m"),
-                    (",.", "step"), ("-+", "speed"), (views_key, "views")]
-        return [("q", "quit"), ("?", "help"), (views_key, "views"), ("tab", "next view"), ("↑↓", "scroll")]
+                    (",.", "step"), ("-+", "speed"), (views_key, "views"), *stall]
+        return [("q", "quit"), ("?", "help"), (views_key, "views"), ("tab", "next view"), *stall, ("↑↓", "scroll")]
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
@@ -482,6 +484,11 @@ class GputopApp(App[int]):
     def action_view(self, n: int) -> None:
         if 1 <= n <= len(self.view_specs):
             self._show_view(self.view_specs[n - 1].id)
+            self.redraw_now()
+
+    def action_view_id(self, view_id: str) -> None:
+        if any(v.id == view_id for v in self.view_specs):
+            self._show_view(view_id)
             self.redraw_now()
 
     def _cycle(self, step: int) -> None:
@@ -521,6 +528,8 @@ class GputopApp(App[int]):
             ("1-9 0, tab", "switch view: " + ", ".join(f"{view_number(n)} {v.title}" if n <= 10 else
                                                        f"{v.title} (tab)" for n, v in enumerate(self.view_specs, 1))),
             ("↑ ↓ pgup pgdn", "scroll the view (in a replay pgup/pgdn seek 1 min)"),
+            *([("s", "the Stall view: every thread of every rank when the loop stopped")]
+              if any(v.id == "stall" for v in self.view_specs) else []),
         ], 14))
         live = "" if self.session.playback is not None else " (this is a live session: they do nothing)"
         parts.append(Text("Replay" + live, style="bold underline"))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 def default_processors() -> list:
     from gputop.derive.budget_processor import BudgetProcessor
+    from gputop.derive.stall import StallDetector
     from gputop.derive.threads import ThreadStateProcessor
     from gputop.verdicts.engine import VerdictEngine
 
-    return [ThreadStateProcessor(), BudgetProcessor(), VerdictEngine()]
+    return [ThreadStateProcessor(), BudgetProcessor(), StallDetector(), VerdictEngine()]

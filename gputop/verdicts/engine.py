@@ -24,6 +24,7 @@ from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
 from gputop.verdicts.signals import WINDOW_S, build_signals, running_ranks
+from gputop.verdicts.stall_rules import stalled_now
 
 KIND_VERDICT = "verdict"
 KIND_VERDICT_PRIMARY = "verdict_primary"
@@ -119,7 +120,7 @@ class VerdictEngine:
         if phase is not None and phase.t < now - PHASE_STALE_S:
             phase = None   # the budget processor stopped saying (it failed, or the file is damaged)
         ph = phase.get("phase") if phase is not None else None
-        if ph is not None and ph not in JUDGED:
+        if ph is not None and ph not in JUDGED and not (ph == EVALUATION and stalled_now(store, now)):
             # start-up, evaluation and the end are not training: no verdict is about them, and the
             # verdicts' states wait for training to resume
             self.evaluations += 1

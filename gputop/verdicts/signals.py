@@ -19,8 +19,8 @@ from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC,
-                              KIND_THREAD_KERNEL, WAIT_CLASSES)
+from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STALL,
+                              KIND_STALL_SNAPSHOT, KIND_THREAD_KERNEL, WAIT_CLASSES)
 
 BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
@@ -265,6 +265,17 @@ def _pending(store, sig: Signals) -> None:
         sig.pending.add("probe")  # a probe is attached; its first step window is on its way
 
 
+def _stall_facts(store, now: float, sig: Signals) -> None:
+    """The stall detector's newest word (gputop.derive.stall) and the snapshot taken of it."""
+    st = store.latest(KIND_STALL, "job")
+    if st is None or st.t < now - BUDGET_STALE_S:
+        return
+    sig.facts["stall"] = dict(st.data)
+    snap = store.latest(KIND_STALL_SNAPSHOT, "job")
+    if snap is not None:
+        sig.facts["stall_snapshot"] = dict(snap.data)
+
+
 def running_ranks(store, now: float) -> list[dict]:
     """The ranks of a distributed job that are running now, by rank number:
     [{"pid", "rank", "gpu"}], the GPU from NVML's process list (else the environment's hint).
@@ -293,6 +304,7 @@ def build_signals(store, now: float, window_s: float = WINDOW_S, rank: dict | No
     _probe_signals(store, since, sig, pid)
     _budget_signals(store, now, sig, pid)
     _pending(store, sig)
+    _stall_facts(store, now, sig)
     if rank:
         sig.facts["rank"] = rank.get("rank")
         sig.facts["pid"] = pid

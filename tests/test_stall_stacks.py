@@ -1,0 +1,60 @@
+"""The stall detector without the probe: the steps are the backward passes and optimizer steps
+py-spy sees on the main thread (frame_rules' training hint). A real CPU job sleeps in a function
+for a while: the detector says stalled (reason: no step), the snapshot names the line, and it
+stops saying so once the stacks show steps again; then the
+same recording, judged again with the step test out of reach, is stalled by the idle test (the
+main thread off the CPU, no GPU) during the sleep and not while it trains.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.catalogue import KIND_STALL, KIND_STALL_SNAPSHOT
+from gputop.derive.budget_processor import BudgetProcessor
+from gputop.derive.stall import StallDetector, describe_snapshot
+from gputop.derive.threads import ThreadStateProcessor
+from gputop.session.whole_replay import replay_whole
+from stall_helpers import marker_line, of_kind, run_job, scene
+
+STACK_MIN_S = 4.0   # py-spy windows (2 s) arrive after they end: the floor leaves room for that
+# From stacks a "step" is the gap between runs of training samples, which py-spy's ~20 Hz cannot
+# resolve for this job's ~5 ms steps (the estimate wanders 0.15-0.6 s on a loaded machine): a
+# smaller factor than the default 20 keeps the threshold at the floor, so the test stays short
+STACK_FACTOR = 5.0
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("stacks"), ["--scenes", "sleep", "--stall-s", "10", "--train-s", "7",
+                                                       "--step-ms", "0"], probe=False, min_s=STACK_MIN_S,
+                   factor=STACK_FACTOR)
+
+
+def test_stack_steps_name_the_stop_stalled_and_clear(job):
+    start, end = scene(job, "sleep")
+    states = of_kind(job["samples"], KIND_STALL, "job")
+    training = [s for s in states if start - 4.0 <= s.t <= start]
+    assert training and not any(s.get("stalled") for s in training)
+    assert all(s.get("last_step_t") is not None for s in training)       # steps from the stacks
+    on = [s for s in states if s.get("stalled") and start <= s.t <= end]
+    assert on and on[0].get("reason") == "no_step", on[:1]
+    assert on[0].get("threshold_s") >= STACK_MIN_S and on[0].t - start <= on[0].get("threshold_s") + 3.5, (on[0], start)
+    # steps seen again: py-spy's windows (2 s) arrive after they end, so a few seconds late
+    after = [s for s in states if end + 6.0 <= s.t <= end + 8.0]
+    assert after and not any(s.get("stalled") for s in after)
+    (shot,) = [s for s in of_kind(job["samples"], KIND_STALL_SNAPSHOT) if start <= s.t <= end]
+    (r,) = describe_snapshot(shot.data)["ranks"]
+    assert r["where"] == f"stuck_in_sleep (stall_train.py:{marker_line('STALL-SLEEP')})"
+
+
+def test_the_idle_test_alone_finds_the_same_stop(job):
+    start, end = scene(job, "sleep")
+    got = replay_whole(str(job["recording"]), [ThreadStateProcessor(), BudgetProcessor(),
+                                               StallDetector(min_s=1000.0, idle_s=3.0)], [KIND_STALL])
+    states = got.of_kind(KIND_STALL)
+    idle = [s for s in states if s.get("stalled")]
+    assert idle and all(s.get("reason") == "idle" for s in idle)
+    # (thread states are judged over py-spy's 2 s windows, which arrive after they end)
+    assert all(start <= s.t <= end + 6.0 for s in idle), ([s.t for s in idle], start, end)
+    assert idle[0].t - start <= 3.0 + 2.0 + 3.0   # idle_s, a thread-state window, slack
