@@ -85,6 +85,13 @@ class TorchHooks(SyncCapture):
             except Exception as e:  # an API that moved: skip the hook, say which
                 p.set_hook(name, "unavailable",
                            f"could not install on torch {torch.__version__}: {type(e).__name__}: {e}")
+        self.collectives = None            # DDP/FSDP collective timing (gputop/probe/collectives.py)
+        try:
+            from gputop.probe.collectives import Collectives
+            self.collectives = Collectives(p, torch)
+            self.collectives.install()
+        except Exception as e:
+            p.set_hook("collectives", "unavailable", f"could not install: {type(e).__name__}: {e}")
         # A CUDA build? (Never torch.cuda.is_available() here: it would initialise the driver in
         # a process that may fork DataLoader workers next; is_initialized() is a plain flag.)
         self.cuda_available = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
@@ -106,6 +113,8 @@ class TorchHooks(SyncCapture):
 
     def uninstall(self) -> None:
         self.opt_on = self.dl_on = self.amp_on = self.compile_on = False
+        if getattr(self, "collectives", None) is not None:
+            self.collectives.uninstall()
         try:
             self.set_sync_capture(False)
         except Exception:
@@ -125,6 +134,8 @@ class TorchHooks(SyncCapture):
             self.amp_on = False
         elif name == "compile":
             self.compile_on = False
+        elif name in ("collectives", "ddp_comm") and getattr(self, "collectives", None) is not None:
+            self.collectives.disable(name)
         elif name == "syncs":
             try:
                 self.set_sync_capture(False)

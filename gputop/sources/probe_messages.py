@@ -52,6 +52,8 @@ def _clean(v, depth: int = 0):
 
 
 def step_data(c, w: dict) -> dict:
+    from gputop.sources.probe_collectives import collective_step_data   # (it imports this module)
+
     """A ``probe_step`` sample's data from a window message ``w`` of connection ``c`` (its
     ``rank``, and ``last_cpu`` which this updates)."""
     t0, t1 = _num(w.get("t0")), _num(w.get("t1"))
@@ -123,4 +125,5 @@ def step_data(c, w: dict) -> dict:
         "sync_top_count": _int(top0[1]) if top0 else None,
         "dropped": _int(w.get("dropped")),
         "probe_cpu_pct": probe_cpu_pct,
+        **collective_step_data(w, step_n, step_sum),   # DDP/FSDP collectives (issue 17)
     }
