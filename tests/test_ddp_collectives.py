@@ -11,7 +11,9 @@ where py-spy sees only ``_engine_run_backward`` -- so the stacks alone cannot na
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -33,28 +35,41 @@ from tests.test_ranks import WL, free_port, kill_group
 WORLD, SLOW = 3, 2
 
 
-def _run(tmp, name: str, slow_ms: float) -> dict:
+def _start(tmp, name: str, slow_ms: float) -> dict:
     log_path = tmp / f"{name}.log"
     env = dict(os.environ, GPUTOP_PROBE_DIR=str(tmp / f"sock-{name}"), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "--monitor-interval", "0.2", "--nproc-per-node", str(WORLD),
            str(WL / "ranks_train.py"), "--slow-rank", str(SLOW), "--slow-ms", str(slow_ms), "--slow-at", "backward",
-           "--step-ms", "4", "--duration", "7"]
+           "--step-ms", "4", "--duration", "5"]
     with open(log_path, "w") as log:
         proc = launch_with_probe(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        clock = SessionClock()
-        target = Target(proc.pid)
-        sources = [HostSource(clock, target), StackSource(clock, target),
-                   ProbeClientSource(clock, target, scan_interval_s=0.5)]
-        meta = base_meta(clock, ["tests/test_ddp_collectives.py"])
-        meta["target"] = target.describe()
-        rec = tmp / f"{name}.gtrec"
-        session = LiveSession(sources, clock, meta, recorder=Recorder(RecordingWriter(str(rec), meta)),
-                              processors=[ThreadStateProcessor()])
-        samples: list = []
-        session.bus.subscribe(CallbackSubscriber(samples.extend))
-        session.start()
+        return _watch(tmp, name, proc, log_path)
+    except BaseException:
+        kill_group(proc)
+        raise
+
+
+def _watch(tmp, name, proc, log_path) -> dict:
+    clock = SessionClock()
+    target = Target(proc.pid)
+    sources = [HostSource(clock, target), StackSource(clock, target),
+               ProbeClientSource(clock, target, scan_interval_s=0.5)]
+    meta = base_meta(clock, ["tests/test_ddp_collectives.py"])
+    meta["target"] = target.describe()
+    rec = tmp / f"{name}.gtrec"
+    session = LiveSession(sources, clock, meta, recorder=Recorder(RecordingWriter(str(rec), meta)),
+                          processors=[ThreadStateProcessor()])
+    samples: list = []
+    session.bus.subscribe(CallbackSubscriber(samples.extend))
+    session.start()
+    return {"proc": proc, "session": session, "samples": samples, "rec": rec, "log": log_path}
+
+
+def _finish(job: dict) -> dict:
+    proc, session, rec, log_path = job["proc"], job["session"], job["rec"], job["log"]
+    try:
         deadline = time.monotonic() + 90
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -62,6 +77,7 @@ def _run(tmp, name: str, slow_ms: float) -> dict:
         session.stop()
     finally:
         kill_group(proc)
+    samples = job["samples"]
     from gputop.verdicts import default_processors
     replay = ReplaySession(str(rec), processors=default_processors(), start_playing=False, seek_window_s=0.0)
     got: list = []
@@ -74,7 +90,13 @@ def _run(tmp, name: str, slow_ms: float) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    return {"straggler": _run(tmp, "straggler", 60), "balanced": _run(tmp, "balanced", 0)}
+    # Both jobs at once (6 ranks): the file stays near 40 s on a small machine.
+    jobs = {"straggler": _start(tmp, "straggler", 60)}
+    try:
+        jobs["balanced"] = _start(tmp, "balanced", 0)
+    finally:
+        done = {name: _finish(job) for name, job in jobs.items()}
+    return done
 
 
 def _steps_by_rank(samples) -> dict[int, list]:
@@ -99,8 +121,8 @@ def test_the_probe_times_ddps_buckets_on_every_rank(runs):
         last = busy[-1]
         assert last.get("collective_off") is None
         assert last.get("collective_ops")["ddp_allreduce"][0] >= 1     # DDP's own buckets, by name
-        # the MLP's gradients: 64*64*2 + 64 + 64*2 + 1 floats in one bucket
-        assert last.get("collective_bucket_mib_max") == pytest.approx((2 * 64 * 64 + 3 * 64 + 1 + 64) * 4 / 2**20, rel=0.05)
+        grads = 2 * 64 * 64 + 64 + 64 + 64 + 1       # the MLP's gradients, in one bucket
+        assert last.get("collective_bucket_mib_max") == pytest.approx(grads * 4 / 2**20, rel=0.05)
         assert 0 < last.get("collective_exposed_ms") <= last.get("collective_ms") <= last.get("step_ms_mean") * 1.5
     cfg = [s for s in samples if s.kind == "probe_config"]
     assert any((s.get("hooks") or {}).get("ddp_comm", [None])[0] == "on" for s in cfg)
@@ -131,3 +153,34 @@ def test_a_balanced_run_names_no_straggler(runs):
     got = runs["balanced"]["judged"]
     assert _steps_by_rank(runs["balanced"]["samples"]), "no collective timing in the balanced run"
     assert not any(s.kind == "verdict" and s.key == "straggler_rank" and s.get("active") for s in got)
+
+
+def _math(tmp, *flags) -> tuple[subprocess.Popen, pathlib.Path]:
+    out = tmp / ("math" + "".join(flags).replace("-", "_"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "--nproc-per-node", "2", str(WL / "ddp_math.py"), str(out), *flags]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GPUTOP_PROBE_DIR=str(tmp / "sock-math"))
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True), out
+
+
+def _result(job) -> dict:
+    proc, out = job
+    try:
+        log, _ = proc.communicate(timeout=150)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, log[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_ddp_hook_keeps_the_gradient_math_and_lets_the_jobs_hook_run(tmp_path):
+    """Five steps with and without the probe's hook end with bit-identical parameters; a comm
+    hook the job registers after the first forward (when the probe's is already in the reducer)
+    runs in its place instead of failing. (The three jobs run at once.)"""
+    jobs = [_math(tmp_path), _math(tmp_path, "--probe"), _math(tmp_path, "--probe", "--user-hook")]
+    plain, probed, user = (_result(j) for j in jobs)
+    assert probed["ddp_comm"][0] == "on", probed
+    assert probed["hash"] == plain["hash"]
+    assert user["user_hook_calls"] >= 5         # every bucket of the 5 backward passes after registering
+    assert user["hash"] == plain["hash"]
