@@ -14,7 +14,7 @@ running before exited. Every value is None where it is not known; nothing is a s
 | pid, state, t | the ``rank`` sample: "running" or "exited"; t = when it was last said |
 | gpu, gpu_from, gpus, gpu_mem | NVML ``gpu_procs``: the GPU(s) whose compute processes include the PID (``gpu`` = the one where it holds most memory, ``gpu_from`` "nvml"); else the environment's ``gpu_hint`` (CUDA_VISIBLE_DEVICES / LOCAL_RANK, an index or a UUID matched against ``gpu_info``) when the session has GPUs at all (``gpu_from`` "env"); else None |
 | sm_active, util_gpu | the newest non-None value of that GPU's ``gpu`` series (``SampleStore.latest_value``) -- the whole GPU, shared by every rank on it |
-| steps_per_s, step_ms, data_wait_share | the newest ``probe_step`` window of the PID (in-process probe) |
+| steps_per_s, step_ms, data_wait_share, collective_wait_share, collective_ms | the newest ``probe_step`` window of the PID (in-process probe; the collective fields only where it times DDP/FSDP collectives) |
 | gil_pct, data_pct, cuda_pct, collective_pct, running_pct, idle_pct, cpu_wait_pct, unknown_pct, thread_cpu_pct, where | ``thread_state`` "PID:PID": the rank's main thread over the last 10 s (py-spy + kernel; gputop/derive/threads.py) |
 | cpu_pct | ``proc``: the whole process's CPU (100 = one core) |
 
@@ -163,6 +163,8 @@ def rank_table(source, now: float) -> list[dict]:
         row.update(steps_per_s=_num(ps.data.get("steps_per_s")) if ps else None,
                    step_ms=_num(ps.data.get("step_ms_mean")) if ps else None,
                    data_wait_share=_num(ps.data.get("data_wait_share")) if ps else None,
+                   collective_wait_share=_num(ps.data.get("collective_wait_share")) if ps else None,
+                   collective_ms=_num(ps.data.get("collective_ms")) if ps else None,
                    probe_t=ps.t if ps else None)
         ts = _at(r, KIND_THREAD_STATE, f"{pid}:{pid}", ref_t, now)
         for f in THREAD_FIELDS:
@@ -275,6 +277,7 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
             # While training (1 / mean step time): the steps/s of the report's probe section.
             "steps_per_s": _round(pool.steps_per_training_s, 3),
             "data_wait_share": _round(pool.data_wait_share, 4),
+            "collective_wait_share": _collective_wait(windows[pid]),
             **{f: ts.get(f) if ts else None for f in THREAD_FIELDS},
             "thread_cpu_pct": ts.get("cpu_pct") if ts else None,
             "where": ts.get("where") if ts else None,
@@ -291,6 +294,17 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
         "nodes": sorted({str(x["node"]) for x in rows if x["node"] is not None}),
         "ended": sum(1 for x in rows if x["state"] == STATE_EXITED),
     }
+
+
+def _collective_wait(windows: list[Sample]) -> float | None:
+    """Exposed collective time over step time, pooled over a rank's probe windows (None without
+    the probe's collective timing)."""
+    exposed = step = 0.0
+    for s in windows:
+        e, st = _num(s.data.get("collective_exposed_s_sum")), _num(s.data.get("step_s_sum"))
+        if e is not None and st:
+            exposed, step = exposed + e, step + st
+    return round(min(1.0, exposed / step), 4) if step > 0 else None
 
 
 def _round(v: float | None, nd: int) -> float | None:

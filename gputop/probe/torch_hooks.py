@@ -91,6 +91,13 @@ class TorchHooks(SyncCapture):
             p.set_hook("flops", "on" if p.flops.armed else "unavailable", p.flops.off or "")
         except Exception as e:
             p.set_hook("flops", "unavailable", f"{type(e).__name__}: {e}")
+        self.collectives = None            # DDP/FSDP collective timing (gputop/probe/collectives.py)
+        try:
+            from gputop.probe.collectives import Collectives
+            self.collectives = Collectives(p, torch)
+            self.collectives.install()
+        except Exception as e:
+            p.set_hook("collectives", "unavailable", f"could not install: {type(e).__name__}: {e}")
         # A CUDA build? (Never torch.cuda.is_available() here: it would initialise the driver in
         # a process that may fork DataLoader workers next; is_initialized() is a plain flag.)
         self.cuda_available = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
@@ -112,6 +119,8 @@ class TorchHooks(SyncCapture):
 
     def uninstall(self) -> None:
         self.opt_on = self.dl_on = self.amp_on = self.compile_on = False
+        if getattr(self, "collectives", None) is not None:
+            self.collectives.uninstall()
         try:
             self.set_sync_capture(False)
         except Exception:
@@ -131,6 +140,8 @@ class TorchHooks(SyncCapture):
             self.amp_on = False
         elif name == "compile":
             self.compile_on = False
+        elif name in ("collectives", "ddp_comm") and getattr(self, "collectives", None) is not None:
+            self.collectives.disable(name)
         elif name == "syncs":
             try:
                 self.set_sync_capture(False)

@@ -97,6 +97,9 @@ class _WindowState:
             "probe_cpu_s": p.thread_cpu_s,
             "flops": p.flops.message() if p.flops is not None else {"off": "torch is not imported (yet)"},
         }
+        coll = getattr(p.torch_hooks, "collectives", None)
+        if coll is not None:
+            msg.update(coll.window_fields())   # coll_*: DDP/FSDP collectives (gputop/probe/collectives.py)
         self.t0 = now
         self.unsized_total = unsized_total
         self.batch_total, self.sample_total, self.wait_total, self.sync_total = (

@@ -94,6 +94,22 @@ METRICS: list[MetricSpec] = [
             "probe_cuda_alloc_retries", "cudaMalloc retries after freeing cached memory.", counter=True),
     _memory("ooms", "", "OOMs", "CUDA out-of-memory errors the allocator raised", "probe_cuda_ooms",
             "CUDA out-of-memory errors the allocator raised.", counter=True),
+    # Collectives of DDP / FSDP / explicit torch.distributed calls (gputop/probe/collectives.py).
+    _step("collective_ms", "ms", "collectives", "time per step in collectives: the union of each op's issue-to-completion span",
+          "probe_collective_seconds_per_step", "Time per step in torch.distributed collectives (DDP buckets, FSDP, "
+          "explicit calls), union of their spans, in seconds."),
+    _step("collective_exposed_ms", "ms", "coll exposed", "collective time per step no compute overlaps: sync calls plus "
+          "the tail after the step's last async issue (DDP: after backward's last bucket)",
+          "probe_collective_exposed_seconds_per_step",
+          "Collective time per step not overlapped with compute (waited for), in seconds."),
+    _step("collective_share", "", "coll share", "share of step time in collectives",
+          "probe_collective_ratio", "Share of step time in torch.distributed collectives, 0-1."),
+    _step("collective_wait_share", "", "coll wait", "share of step time waiting for collectives (exposed)",
+          "probe_collective_wait_ratio", "Share of step time waiting for collectives (not overlapped with compute), 0-1."),
+    _step("collective_mib_per_step", "MiB", "coll MiB/step", "bytes handed to collectives per step",
+          "probe_collective_mebibytes_per_step", "MiB handed to torch.distributed collectives per step."),
+    _step("collective_bucket_mib_max", "MiB", "DDP bucket max", "largest DDP gradient bucket in the window",
+          "probe_ddp_bucket_mebibytes_max", "Largest DDP gradient bucket all-reduced in the last window, in MiB."),
     # Sent on change only; served with the labels of the process's probe_step series.
     _spec(KIND_PROBE_SYNC, "total", "", "implicit syncs", "implicit host-device syncs since the probe loaded",
           "probe_implicit_syncs",

@@ -52,6 +52,8 @@ def _clean(v, depth: int = 0):
 
 
 def step_data(c, w: dict) -> dict:
+    from gputop.sources.probe_collectives import collective_step_data   # (it imports this module)
+
     """A ``probe_step`` sample's data from a window message ``w`` of connection ``c`` (its
     ``rank``, and ``last_cpu`` which this updates)."""
     t0, t1 = _num(w.get("t0")), _num(w.get("t1"))
@@ -124,6 +126,7 @@ def step_data(c, w: dict) -> dict:
         "dropped": _int(w.get("dropped")),
         "probe_cpu_pct": probe_cpu_pct,
         **flops_data(w.get("flops")),
+        **collective_step_data(w, step_n, step_sum),   # DDP/FSDP collectives (issue 17)
     }
 
 

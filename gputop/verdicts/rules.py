@@ -332,16 +332,36 @@ def gil_contention(sig: Signals) -> Finding | None:
 @verdict(title="Communication-bound: collectives dominate", severity=SEVERITY_WARNING, order=50,
          meaning="the main thread is in torch.distributed collectives >= {COMM_BOUND_SHARE:.0%} of the time")
 def communication_bound(sig: Signals) -> Finding | None:
-    comm = sig.get("py.main.collective")
+    stacks = sig.get("py.main.collective")
+    probe = sig.get("probe.collective_wait_share")   # DDP/FSDP waits too, also inside backward()
+    comm = collective_wait(sig)
     if comm is None:
         return None
+    evidence = {"main_collective_pct": _pct(stacks), "nvlink_tx_mib_s": _r(sig.get("gpu.nvlink_tx_mibs"), 0)}
+    summary = f"main thread in torch.distributed collectives {comm * 100:.0f}% of the time"
+    if probe is not None:
+        evidence.update(probe_collective_wait_pct=_pct(probe),
+                        probe_collective_pct=_pct(sig.get("probe.collective_share")),
+                        collective_top_op=sig.facts.get("collective_top_op"))
+        if stacks is None or probe > stacks:
+            summary = (f"the step waits for collectives {probe * 100:.0f}% of its time (probe"
+                       + (f"; mostly {sig.facts['collective_top_op']}" if sig.facts.get("collective_top_op") else "")
+                       + ")")
     return communication_bound.spec.finding(
         level=comm / COMM_BOUND_SHARE, lost_share=comm, confidence=0.75,
-        evidence={"main_collective_pct": _pct(comm), "nvlink_tx_mib_s": _r(sig.get("gpu.nvlink_tx_mibs"), 0)},
+        evidence=evidence,
         advice="Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
                "no_sync()), communicate less often or in lower precision, and check for a straggler rank "
                "that the others wait for.",
-        summary=f"main thread in torch.distributed collectives {comm * 100:.0f}% of the time")
+        summary=summary)
+
+
+def collective_wait(sig: Signals) -> float | None:
+    """The share of time a rank waits in collectives: what its stacks show (explicit
+    torch.distributed calls), or what its probe timed (DDP's all-reduce inside backward(), FSDP),
+    whichever is larger; None when neither is known."""
+    got = [v for v in (sig.get("py.main.collective"), sig.get("probe.collective_wait_share")) if v is not None]
+    return max(got) if got else None
 
 
 @verdict(title="Host memory pressure: swapping or reclaim stalls", severity=SEVERITY_WARNING, order=70,
@@ -494,7 +514,7 @@ def straggler_rank(ranks: list, findings: dict) -> Finding | None:
     Signals)] of the running ranks; ``findings``: each rank's own findings by PID, for the cause.
     The rank that waits least in collectives while the others wait a lot is the one they wait
     for; its own strongest verdict (data, GIL, sync, compute...) is the likely cause."""
-    waits = [(sig.get("py.main.collective"), r, sig) for r, sig in ranks]
+    waits = [(collective_wait(sig), r, sig) for r, sig in ranks]
     waits = [(w, r, sig) for w, r, sig in waits if w is not None]
     if len(waits) < 2:
         return None
@@ -521,6 +541,10 @@ def straggler_rank(ranks: list, findings: dict) -> Finding | None:
                 "others_collective_pct": _pct(mean_others),
                 "per_rank_collective_pct": {str(rr["rank"]): _pct(w) for w, rr, _ in waits},
                 "likely_cause": cause.id if cause else "compute"}
+    probed = {str(rr["rank"]): _pct(sg.get("probe.collective_wait_share")) for _w, rr, sg in waits
+              if sg.get("probe.collective_wait_share") is not None}
+    if probed:   # (only then: recordings without the probe's collective timing keep their evidence)
+        evidence["per_rank_probe_collective_wait_pct"] = probed
     spec = straggler_rank.spec
     return spec.finding(
         title=spec.title.format(rank=r["rank"]), level=level, lost_share=mean_others,

@@ -231,12 +231,34 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.set("probe.data_wait_share", pool.data_wait_share)
     sig.set("probe.gpu_share", pool.gpu_share)
     sig.set("probe.syncs_per_step", pool.syncs_per_timed_step)
+    _collective_signals(samples, sig)
     cfg = store.latest(KIND_PROBE_CONFIG, key)
     if cfg is not None:
         sig.facts["probe_config"] = dict(cfg.data)
     sync = store.latest(KIND_PROBE_SYNC, key)
     if sync is not None and sync.get("lines"):
         sig.facts["sync_top"] = sync.get("lines")[0]
+
+
+def _collective_signals(samples, sig: Signals) -> None:
+    """The probe's collective timing (DDP buckets, FSDP, explicit calls; gputop/probe/collectives.py)
+    pooled over the window: ``probe.collective_wait_share`` (exposed: waited for, not overlapped)
+    and ``probe.collective_share`` of step time. Unset (None) for windows without those fields,
+    so that older recordings and jobs without torch.distributed are judged as before."""
+    exposed = total = step = 0.0
+    n = 0
+    for s in samples:
+        e, c, st = s.get("collective_exposed_s_sum"), s.get("collective_s_sum"), s.get("step_s_sum")
+        if type(e) in _NUMBER_TYPES and type(c) in _NUMBER_TYPES and type(st) in _NUMBER_TYPES and st > 0:
+            exposed, total, step, n = exposed + e, total + c, step + st, n + 1
+    if n and step > 0:
+        sig.set("probe.collective_wait_share", min(1.0, exposed / step))
+        sig.set("probe.collective_share", min(1.0, total / step))
+        last = samples[-1]
+        sig.facts["collective_top_op"] = last.get("collective_top_op")
+    off = samples[-1].get("collective_off") if samples else None
+    if isinstance(off, str):
+        sig.facts["collective_off"] = off
 
 
 def _budget_signals(store, now: float, sig: Signals, pid: str | None = None) -> None:
