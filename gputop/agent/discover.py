@@ -132,18 +132,20 @@ class Discovery:
         why: dict[int, str] = {}
         for pid, p in procs.items():
             parent = procs.get(p.ppid)
-            if self.match is not None and self.match.search(p.cmdline):
-                why[pid] = "match"
-            elif not p.python or self.only_match:
-                continue
-            elif LAUNCHER_RE.search(p.cmdline):
-                why[pid] = "launcher"
-            elif pid in on_gpu:
-                why[pid] = "gpu"
-            elif parent is not None and parent.comm in SLURM_PARENTS:
-                why[pid] = "launched"
-            elif self._has_probe(pid, p.uid):
-                why[pid] = "probe"
+            reason = None
+            if p.python and not self.only_match:
+                if LAUNCHER_RE.search(p.cmdline):
+                    reason = "launcher"
+                elif pid in on_gpu:
+                    reason = "gpu"
+                elif parent is not None and parent.comm in SLURM_PARENTS:
+                    reason = "launched"
+                elif self._has_probe(pid, p.uid):
+                    reason = "probe"
+            if reason is None and self.match is not None and self.match.search(p.cmdline):
+                reason = "match"
+            if reason is not None:
+                why[pid] = reason
         out = []
         for pid, reason in why.items():
             if self._excluded_or_covered(pid, procs, why):
@@ -154,12 +156,13 @@ class Discovery:
         return out
 
     def _excluded_or_covered(self, pid: int, procs: dict[int, _Proc], why: dict[int, str]) -> bool:
-        """Under the agent (its py-spy), or below another qualifying process (in its tree)."""
+        """The agent itself and what it runs (py-spy, never a Python program), or a process below
+        another qualifying process (watched in that one's tree)."""
         if pid == self.exclude_root:
             return True
         cur, hops = procs[pid].ppid, 0
         while cur in procs and hops < 64:
-            if cur == self.exclude_root or cur in why:
+            if cur in why or (cur == self.exclude_root and not procs[pid].python):
                 return True
             cur, hops = procs[cur].ppid, hops + 1
         return False
