@@ -1,11 +1,18 @@
 """One watched job: a headless live session on one process tree, at the agent's rates.
 
-The agent's rates are lower than the interactive UI's (its cost must stay near 1% of a core per
-job, benchmarks/agent_cost.py): GPU counters at 1 Hz instead of 10 Hz, the host at 0.5 Hz, and
-py-spy at 5 samples/s in 4 s windows with the kernel's wait sampler at 10 Hz (the UI: 20/s in 2 s
-windows, 50 Hz). The verdicts pool ~10 s and the time budget ~20 s of samples, so 5 stack
-samples/s still give 50-100 per window: enough to name a state that holds >= 20% of the time
-(the verdicts' thresholds), which tests/test_agent_prometheus.py checks end to end.
+The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
+(benchmarks/agent_cost.py); what each part cost at the UI's rates, measured on one input-bound
+CPU job: py-spy 1.7% (most of it the --subprocesses windows, 3.6% of a core while they run), the
+stack thread 0.4% (the kernel's wait sampler), the derive thread 0.6%. So: GPU counters at 1 Hz
+(UI: 10 Hz), the host every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 10 s windows (2 s),
+children in every 10th window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz),
+the time budget and the verdicts every 2 s (1 s), thread states every 4 s (2 s), new probes
+looked for every 3 s (1 s). Measured so on the same job over 100 s: py-spy 1.08% of a core at
+4/s, 0.65% at 2/s; the rest of the agent 0.85%. The verdicts pool ~10 s and the budget ~20 s of
+samples, so 2 stack samples/s give 20-40 per window (and the kernel sampler 50-100): enough to
+see a state that holds >= 20% of the time (the verdicts' thresholds), not to split small shares;
+tests/test_agent_prometheus.py checks that the input-bound verdict fires at these rates. The
+verdicts' hysteresis is in seconds, not runs, so running them every 2 s keeps their timing.
 
 Everything a job does is caught here: a job that cannot start, or whose session fails to stop,
 is logged and forgotten; the agent goes on.
@@ -29,9 +36,13 @@ log = logging.getLogger("gputop.agent")
 class Rates:
     gpu_interval_s: float = 1.0
     host_interval_s: float = 2.0
-    stack_rate_hz: int = 5
-    stack_window_s: int = 4
-    kernel_rate_hz: float = 10.0
+    stack_rate_hz: int = 2
+    stack_window_s: int = 10
+    subprocess_every: int = 10
+    kernel_rate_hz: float = 5.0
+    derive_every_s: float = 2.0      # the time budget and the verdicts
+    thread_states_every_s: float = 4.0
+    probe_scan_s: float = 3.0          # new probes looked for (a connected one pushes its data)
     stacks: bool = True
 
 
@@ -95,12 +106,17 @@ class Job:
             from gputop.sources.stacks import StackSource
 
             sources.append(StackSource(clock, self.target, rate_hz=rates.stack_rate_hz,
-                                       window_s=rates.stack_window_s, kernel_rate_hz=rates.kernel_rate_hz))
-        sources.append(ProbeClientSource(clock, self.target))
+                                       window_s=rates.stack_window_s, kernel_rate_hz=rates.kernel_rate_hz,
+                                       subprocess_every=rates.subprocess_every))
+        sources.append(ProbeClientSource(clock, self.target, scan_interval_s=rates.probe_scan_s))
         meta = base_meta(clock, argv)
         meta["target"] = self.target.describe()
         meta["agent"] = {"job": self.label, "cluster_job": self.cluster_job, "found_by": found.why}
-        self.session = LiveSession(sources, clock, meta, processors=default_processors())
+        processors = default_processors()
+        for p in processors:
+            p.interval_s = rates.thread_states_every_s if p.name == "threads" else max(p.interval_s,
+                                                                                         rates.derive_every_s)
+        self.session = LiveSession(sources, clock, meta, processors=processors)
         self.recorder: RollingRecorder | None = None
         if state is not None:
             # a subscriber of its own, so a new file can replace a full one while the session runs

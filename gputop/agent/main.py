@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import signal
@@ -43,6 +44,10 @@ def check_args(a) -> None:
         raise UsageError(f"--keep-mb must be positive, not {a.keep_mb:g}")
     if a.keep_hours is not None and not a.keep_hours > 0:
         raise UsageError(f"--keep-hours must be positive, not {a.keep_hours:g}")
+    if a.stack_rate is not None and not 1 <= a.stack_rate <= 100:
+        raise UsageError(f"--stack-rate must be between 1 and 100 samples/s, not {a.stack_rate}")
+    if a.stack_window is not None and not 1 <= a.stack_window <= 60:
+        raise UsageError(f"--stack-window must be between 1 and 60 seconds, not {a.stack_window}")
     if a.duration is not None and not a.duration > 0:
         raise UsageError(f"--duration must be positive, not {a.duration:g}")
 
@@ -65,6 +70,10 @@ def cmd_agent(a, argv: list[str]) -> int:
         except FilesError as e:
             raise CliError(str(e)) from None
     rates = Rates(stacks=not a.no_stacks)
+    if a.stack_rate is not None:
+        rates = dataclasses.replace(rates, stack_rate_hz=a.stack_rate)
+    if a.stack_window is not None:
+        rates = dataclasses.replace(rates, stack_window_s=a.stack_window)
     agent = Agent(match=a.match, only_match=a.only_match, max_jobs=a.max_jobs, scan_s=a.scan, rates=rates, state=state,
                   host_proc=a.host_proc, argv=argv)
     try:
