@@ -34,13 +34,18 @@ LIGHT = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
 
 
 def agent_state(agent: psutil.Process) -> dict:
-    kids = agent.children(recursive=True)
+    kids = []
+    for k in agent.children(recursive=True):
+        try:
+            kids.append(k.name())
+        except psutil.Error:   # a py-spy window that just ended
+            pass
     try:
         socks = len(agent.net_connections(kind="all"))
     except (psutil.Error, AttributeError):
         socks = len(agent.connections(kind="all"))
     return {"rss_mib": round(agent.memory_info().rss / 2**20, 1), "fds": agent.num_fds(), "sockets": socks,
-            "threads": agent.num_threads(), "pyspy": sum(1 for k in kids if "py-spy" in k.name())}
+            "threads": agent.num_threads(), "pyspy": sum(1 for k in kids if "py-spy" in k)}
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:

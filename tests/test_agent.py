@@ -109,11 +109,14 @@ def test_jobs_come_and_go_and_are_served_with_their_label():
 def test_cap_and_a_target_that_vanishes_while_attached():
     procs = [spawn("30", name="capped")[0] for _ in range(3)]
     short = subprocess.Popen([sys.executable, "-c", "pass", "capped_short"])  # gone before it is watched
+    zombie = subprocess.Popen([sys.executable, "-c", "pass", "capped_zombie"])  # exited, not reaped
+    assert wait_for(lambda: open(f"/proc/{zombie.pid}/stat").read().split(") ")[1][0] == "Z")
     agent = Agent(match="capped_", only_match=True, max_jobs=2, scan_s=0.3, rates=CHEAP)
     try:
         short.wait()
         agent.step()
-        assert len(agent.jobs_snapshot()) == 2 and agent.stats["over_cap"] == 1
+        assert len(agent.jobs_snapshot()) == 2 and agent.stats["over_cap"] == 1   # the zombie is no job
+        assert zombie.pid not in {f.pid for f in agent.discovery.scan()}
         # a job whose process is gone between discovery and attach is refused, logged, not retried
         from gputop.agent.discover import Found
         agent._start(Found(short.pid, 12345, "match", "gone", 0))
@@ -123,6 +126,7 @@ def test_cap_and_a_target_that_vanishes_while_attached():
         assert fams["gputop_agent_job_errors"].samples[0].value == 1
     finally:
         agent.stop()
+        zombie.wait()
         for p in procs:
             p.kill()
             p.wait()

@@ -75,10 +75,12 @@ class Discovery:
         """A process's facts; None when it is gone; cached by (PID, start time)."""
         try:
             with open(f"{self.proc}/{pid}/stat", "rb") as f:
-                name, _state, fields = parse_stat(f.read())
+                name, state, fields = parse_stat(f.read())
             ppid, start = int(fields[F_PPID]), int(fields[F_STARTTIME])
         except (OSError, ValueError, IndexError):
             return None
+        if state == "Z":
+            return None   # exited, not yet reaped: nothing to watch (and not a new job)
         key = (pid, start)
         if key in self._cache:
             return self._cache[key]
