@@ -1,7 +1,7 @@
 """The node agent on a GPU node: it discovers two training processes started after it, one
 after the other, exports both, forgets the first when it ends; its CPU per watched job.
 
-    python benchmarks/agent_h200.py OUTDIR [--first 60] [--overlap 40] [--no-match]
+    python benchmarks/agent_h200.py OUTDIR [--first 150] [--overlap 100] [--no-match]
 
 1. ``gputop agent`` starts (port chosen free, loopback); with a CUDA GPU it relies on its own
    discovery (NVML: found_by="gpu"), without one (a CPU machine: runs here too) ``--match`` names
@@ -41,8 +41,8 @@ def has_cuda() -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
-    ap.add_argument("--first", type=float, default=60.0, help="how long job A runs (s)")
-    ap.add_argument("--overlap", type=float, default=40.0, help="how long both run before A ends (s)")
+    ap.add_argument("--first", type=float, default=150.0, help="how long job A runs (s)")
+    ap.add_argument("--overlap", type=float, default=100.0, help="how long both run before A ends (s)")
     ap.add_argument("--no-match", action="store_true", help="discovery only (needs a GPU or a probe)")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
@@ -74,12 +74,12 @@ def main() -> int:
              found_by=jobs_served(port).get(label_a))
         time.sleep(max(0.0, a.first - a.overlap - (time.monotonic() - t_a)))
         t_b = time.monotonic()
-        b_job = start_job(tmp, f"h200jobB_{tok}", a.overlap + 60, probe=False)
+        b_job = start_job(tmp, f"h200jobB_{tok}", a.overlap + 120, probe=False)
         label_b = f"h200jobB_{tok}.py-{b_job.pid}"
         found_b = wait_until(lambda: {label_a, label_b} <= set(jobs_served(port)), 60)
         step("discovers job B after it, exports both", found_b, seconds=round(time.monotonic() - t_b, 1),
              found_by=jobs_served(port).get(label_b))
-        time.sleep(10)
+        time.sleep(20)   # past B's session start-up (its first py-spy windows)
         c0, w0 = tree_cpu(agent.pid), time.monotonic()
         both_text = scrape(port)
         while a_job.poll() is None and time.monotonic() - w0 < a.overlap:
