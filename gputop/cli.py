@@ -490,6 +490,15 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(a, argv)
         if a.command == "run":
             return cmd_run(a, argv)
+        if a.command == "agent":
+            from gputop.agent import main as agent_main
+
+            try:
+                return agent_main.cmd_agent(a, argv)
+            except agent_main.UsageError as e:
+                raise UsageError(str(e)) from None
+            except agent_main.CliError as e:
+                raise CliError(str(e)) from None
         if a.pid is None:
             a.pid = _pick_pid(a)
             if a.pid is None:

@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the process to watch (a training script or launcher)")
     _add_attach_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND",
-                           help="replay, report, diff, demo or run (gputop COMMAND --help)")
+                           help="replay, report, diff, demo, run or agent (gputop COMMAND --help)")
 
     r = sub.add_parser("replay", help="replay a recording in the UI", description="Replay a recording in the UI.",
                        epilog=REPLAY_EPILOG.format(state=state), formatter_class=raw)
@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attach_options(d)
     d.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
 
+    _add_agent_parser(sub, raw)
+
     run = sub.add_parser("run", help="start a command with the in-process probe and watch it",
                          description="Start COMMAND with gputop's in-process probe loaded, and watch it.",
                          usage="gputop run [options] -- COMMAND [ARGS...]",
@@ -270,3 +272,46 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
                      help="the program to start and its arguments, after --")
     return p
+
+
+AGENT_EPILOG = """\
+Watches every training job on this node without being told which: Python
+processes on a GPU (NVML), with a gputop probe, torchrun and its kind, SLURM
+tasks, and whatever --match names. Each job gets a headless session at lower
+rates than the UI's (about 1% of a core per job) and all of them are served
+on one /metrics, with a job label. docs/fleet.md: systemd, Kubernetes, SLURM.
+
+examples:
+  gputop agent                          serve 127.0.0.1:9464 until stopped
+  gputop agent --prometheus 0.0.0.0:9464 --state-dir /var/lib/gputop \\
+               --keep-mb 2048 --keep-hours 24
+  gputop agent --match 'python.*train'  also jobs the rules would miss
+"""
+
+
+def _add_agent_parser(sub, raw) -> None:
+    ag = sub.add_parser("agent", help="watch every training job on this node, for Prometheus",
+                        description="Headless node agent: every training job on this node, one /metrics.",
+                        epilog=AGENT_EPILOG, formatter_class=raw)
+    ag.add_argument("--prometheus", metavar="[HOST:]PORT", default="127.0.0.1:9464",
+                    help="where to serve /metrics (default 127.0.0.1:9464, this machine only; "
+                         "0.0.0.0:9464 for all interfaces)")
+    ag.add_argument("--match", metavar="REGEX", help="also watch processes whose command line matches REGEX")
+    ag.add_argument("--only-match", action="store_true",
+                    help="watch only what --match names (no automatic discovery)")
+    ag.add_argument("--max-jobs", type=int, default=16, metavar="N", help="watch at most N jobs (default 16)")
+    ag.add_argument("--scan", type=float, default=5.0, metavar="S",
+                    help="look for new and ended jobs every S seconds (default 5)")
+    ag.add_argument("--state-dir", metavar="DIR",
+                    help="keep rolling recordings per job in DIR (a private directory of this user)")
+    ag.add_argument("--keep-mb", type=float, metavar="N", help="with --state-dir: at most N MiB in all (default 2048)")
+    ag.add_argument("--keep-hours", type=float, metavar="H",
+                    help="with --state-dir: remove recordings older than H hours (default 24)")
+    ag.add_argument("--no-stacks", action="store_true", help="do not sample Python stacks with py-spy")
+    ag.add_argument("--stack-rate", type=int, default=None, metavar="HZ",
+                    help="py-spy samples per second per job (default 2; the UI uses 20)")
+    ag.add_argument("--stack-window", type=int, default=None, metavar="S",
+                    help="seconds per py-spy run (default 10; the UI uses 2)")
+    ag.add_argument("--host-proc", metavar="DIR",
+                    help="the host's /proc mounted here (in a container without hostPID): maps NVML's PIDs exactly")
+    ag.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until a signal)")

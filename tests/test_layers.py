@@ -1,7 +1,7 @@
 """The layers point one way (docs/architecture.md). This walks every module's imports.
 
 Rank of each part of gputop; a module may import only parts of a lower or equal rank:
-    model 0 < sources 1 < session 2 < derive 3 < verdicts 4 < report 5 < ui 6 < cli/demo 7
+    model 0 < sources 1 < session 2 < derive 3 < verdicts 4 < report 5 < ui, agent 6 < cli/demo 7
 gputop.probe runs inside the user's training process: it imports only the standard library,
 torch, and itself (plus the tiny gputop/__init__.py that Python runs first).
 """
@@ -19,7 +19,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "gputop"
 RANKS = {"model": 0, "catalogue": 0, "gpu_peaks": 0, "sources": 1, "session": 2, "derive": 3, "verdicts": 4,
-         "report": 5, "export": 5, "diff": 5, "ui": 6, "cli": 7, "cli_args": 7, "__main__": 7, "demo": 7}
+         "report": 5, "export": 5, "diff": 5, "ui": 6, "agent": 6, "cli": 7, "cli_args": 7, "__main__": 7,
+         "demo": 7}
 STDLIB = set(sys.stdlib_module_names)
 
 

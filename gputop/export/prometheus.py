@@ -513,8 +513,9 @@ class PrometheusExporter:
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, session=None, *,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, answer_timeout_s: float = ANSWER_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self.collector = SessionCollector(session)
+                 max_connections: int = MAX_CONNECTIONS, collector=None) -> None:
+        # collector: another source of families (the node agent's, over many sessions)
+        self.collector = collector if collector is not None else SessionCollector(session)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         # gputop's own CPU and memory, so a dashboard shows what watching costs.
@@ -570,7 +571,7 @@ class PrometheusExporter:
     def _maybe_health(self) -> None:
         """On the server thread (every 0.5 s): a health sample on change and every 5 s."""
         from gputop.model import Sample
-        session = self.collector.session
+        session = getattr(self.collector, "session", None)
         bus = getattr(session, "bus", None)
         if bus is None or getattr(session, "playback", None) is not None:
             return   # a replay's store holds only the recording's health

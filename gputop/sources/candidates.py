@@ -38,7 +38,22 @@ class Candidates:
 
 
 def _gpu_processes() -> tuple[dict[int, tuple[int | None, list[int]]], str | None]:
-    """{pid: (GPU memory in bytes or None, [GPU index, ...])} from NVML, and why not if it fails."""
+    """{pid: (GPU memory in bytes or None, [GPU index, ...])} from NVML, its PIDs mapped to the
+    ones visible here (sources/pid_namespace.py), and why not / which mapping when not the same."""
+    raw, note = _nvml_processes()
+    if not raw:
+        return raw, note
+    from gputop.sources.pid_namespace import METHOD_SAME, map_pids
+
+    mapping = map_pids({pid: (mem, set(gpus)) for pid, (mem, gpus) in raw.items()})
+    if mapping.method == METHOD_SAME:
+        return raw, note
+    out = {mapping.get(pid): v for pid, v in raw.items() if mapping.get(pid) is not None}
+    return out, mapping.describe()
+
+
+def _nvml_processes() -> tuple[dict[int, tuple[int | None, list[int]]], str | None]:
+    """{host PID: (GPU memory in bytes or None, [GPU minor, ...])} as NVML says, and why not."""
     from gputop.sources.nvml_errors import nv, nvml_reason
 
     if nv is None:
@@ -55,12 +70,16 @@ def _gpu_processes() -> tuple[dict[int, tuple[int | None, list[int]]], str | Non
                 procs = list(nv.nvmlDeviceGetComputeRunningProcesses(h))
             except Exception:
                 continue
+            try:
+                gpu = int(nv.nvmlDeviceGetMinorNumber(h))  # /dev/nvidia<minor>: what pid_namespace pairs by
+            except Exception:
+                gpu = i
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
                 mem, gpus = out.get(p.pid, (None, []))
                 if isinstance(used, int) and used >= 0:
                     mem = (mem or 0) + used
-                out[p.pid] = (mem, gpus + [i])
+                out[p.pid] = (mem, gpus + [gpu])
     finally:
         try:
             nv.nvmlShutdown()

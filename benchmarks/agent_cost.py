@@ -1,0 +1,76 @@
+"""The node agent's CPU per watched job, at its default rates.
+
+    python benchmarks/agent_cost.py OUTDIR [--jobs 2] [--window 30] [--warmup 15] [--no-stacks]
+
+Starts N real training jobs (benchmarks/agent_common.py: bf16 matmuls on a GPU, a small
+input-bound DataLoader loop on the CPU) with the probe, then ``gputop agent --match`` watching
+exactly them; after the warm-up, the CPU time of the agent's whole process tree (the agent and
+its py-spy children) over the window, divided by the number of jobs. Writes
+OUTDIR/agent_cost.json. Goal: <= ~1% of a core per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from agent_common import free_port, jobs_served, start_agent, start_job, tree_cpu, wait_until, write_json  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--no-stacks", action="store_true")
+    ap.add_argument("--agent-args", default="", help="more arguments for gputop agent (e.g. --stack-window 4)")
+    ap.add_argument("--label", default="")
+    a = ap.parse_args()
+    tok = uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="agent-cost-")
+    total_s = a.warmup + a.window + 30
+    jobs = [start_job(tmp, f"costjob{i}_{tok}", total_s, probe=True) for i in range(a.jobs)]
+    port = free_port()
+    agent = start_agent(port, f"costjob\\d+_{tok}", os.path.join(tmp, "agent.err"),
+                        (["--no-stacks"] if a.no_stacks else []) + a.agent_args.split())
+    try:
+        if not wait_until(lambda: len(jobs_served(port)) == a.jobs, 60):
+            print(f"the agent did not find the {a.jobs} jobs; its log: {tmp}/agent.err", file=sys.stderr)
+            return 1
+        time.sleep(a.warmup)
+        c0, t0 = tree_cpu(agent.pid), time.monotonic()
+        scrapes = 0
+        while time.monotonic() - t0 < a.window:   # a scrape every 5 s, like a Prometheus would
+            jobs_served(port)
+            scrapes += 1
+            time.sleep(5)
+        c1, t1 = tree_cpu(agent.pid), time.monotonic()
+        served = jobs_served(port)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        for j in jobs:
+            j.kill()
+            j.wait()
+    pct = 100 * (c1 - c0) / (t1 - t0)
+    per_job = pct / a.jobs
+    res = {"jobs": a.jobs, "window_s": round(t1 - t0, 1), "agent_cpu_pct_of_core": round(pct, 2),
+           "per_job_pct_of_core": round(per_job, 2), "scrapes": scrapes,
+           "stacks": not a.no_stacks, "agent_args": a.agent_args,
+           "served": served, "goal_pct_per_job": 1.0, "cpu_count": os.cpu_count(),
+           "load1_at_end": os.getloadavg()[0]}
+    print(f"{'jobs':>5} {'window s':>9} {'agent CPU % core':>17} {'per job':>8}  stacks")
+    print(f"{a.jobs:>5} {res['window_s']:>9} {res['agent_cpu_pct_of_core']:>17} {res['per_job_pct_of_core']:>8}  "
+          f"{'on' if res['stacks'] else 'off'}")
+    print("wrote", write_json(a.outdir, f"agent_cost{'-' + a.label if a.label else ''}.json", res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

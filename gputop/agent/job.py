@@ -1,0 +1,155 @@
+"""One watched job: a headless live session on one process tree, at the agent's rates.
+
+The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
+(benchmarks/agent_cost.py); what each part cost at the UI's rates, measured on one input-bound
+CPU job: py-spy 1.7% (most of it the --subprocesses windows, 3.6% of a core while they run), the
+stack thread 0.4% (the kernel's wait sampler), the derive thread 0.6%. So: GPU counters at 1 Hz
+(UI: 10 Hz), the host every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 10 s windows (2 s),
+children in every 10th window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz),
+the time budget and the verdicts every 2 s (1 s), thread states every 4 s (2 s), new probes
+looked for every 3 s (1 s). Measured so on the same job over 100 s: py-spy 1.08% of a core at
+4/s, 0.65% at 2/s; the rest of the agent 0.85%. The verdicts pool ~10 s and the budget ~20 s of
+samples, so 2 stack samples/s give 20-40 per window (and the kernel sampler 50-100): enough to
+see a state that holds >= 20% of the time (the verdicts' thresholds), not to split small shares;
+tests/test_agent_prometheus.py checks that the input-bound verdict fires at these rates. The
+verdicts' hysteresis is in seconds, not runs, so running them every 2 s keeps their timing.
+
+Everything a job does is caught here: a job that cannot start, or whose session fails to stop,
+is logged and forgotten; the agent goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from gputop.agent.discover import Found
+from gputop.agent.state import RollingRecorder
+
+log = logging.getLogger("gputop.agent")
+
+
+@dataclass(frozen=True)
+class Rates:
+    gpu_interval_s: float = 1.0
+    host_interval_s: float = 2.0
+    stack_rate_hz: int = 2
+    stack_window_s: int = 10
+    subprocess_every: int = 10
+    kernel_rate_hz: float = 5.0
+    derive_every_s: float = 2.0      # the time budget and the verdicts
+    thread_states_every_s: float = 4.0
+    probe_scan_s: float = 3.0          # new probes looked for (a connected one pushes its data)
+    stacks: bool = True
+
+
+CLUSTER_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "JOB_ID")
+_LABEL_SAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
+
+
+def job_label(found: Found, env: dict | None) -> tuple[str, str]:
+    """(job, cluster_job): ``job`` names this watched tree uniquely on the node (``<name>-<pid>``,
+    the name being the script or program); ``cluster_job`` the scheduler's id when its
+    environment has one (SLURM_JOB_ID, TorchElastic's run id), else ""."""
+    words = found.command.split()
+    script = next((w for w in words[1:] if w.endswith(".py")), None)
+    if script is None and len(words) > 2 and words[1] == "-m":
+        script = words[2]
+    name = os.path.basename(script or (words[0] if words else "job"))[:40]
+    cluster = ""
+    for k in CLUSTER_ENV:
+        v = (env or {}).get(k)
+        if v and v != "none":
+            cluster = _LABEL_SAFE.sub("_", v)[:64]
+            break
+    return f"{_LABEL_SAFE.sub('_', name)}-{found.pid}", cluster
+
+
+def read_environ(pid: int) -> dict | None:
+    """A process's environment (needs ptrace rights: None without them)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return None
+    out = {}
+    for item in data.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+class Job:
+    """A started session on ``found``'s tree; ``stop()`` ends it. Raises TargetError (or anything
+    else a broken process can make happen) from the constructor: the agent catches it."""
+
+    def __init__(self, found: Found, rates: Rates, state=None, argv: list[str] | None = None) -> None:
+        from gputop.session.session import LiveSession, SessionClock, base_meta
+        from gputop.sources.host import HostSource
+        from gputop.sources.nvml import NvmlSource
+        from gputop.sources.probe_client import ProbeClientSource
+        from gputop.sources.target import Target
+        from gputop.verdicts import default_processors
+
+        self.found = found
+        self.target = Target(found.pid)
+        env = read_environ(found.pid)
+        self.label, self.cluster_job = job_label(found, env)
+        clock = SessionClock()
+        sources = [NvmlSource(clock, self.target, interval_s=rates.gpu_interval_s),
+                   HostSource(clock, self.target, interval_s=rates.host_interval_s)]
+        if rates.stacks:
+            from gputop.sources.stacks import StackSource
+
+            sources.append(StackSource(clock, self.target, rate_hz=rates.stack_rate_hz,
+                                       window_s=rates.stack_window_s, kernel_rate_hz=rates.kernel_rate_hz,
+                                       subprocess_every=rates.subprocess_every))
+        sources.append(ProbeClientSource(clock, self.target, scan_interval_s=rates.probe_scan_s))
+        meta = base_meta(clock, argv)
+        meta["target"] = self.target.describe()
+        meta["agent"] = {"job": self.label, "cluster_job": self.cluster_job, "found_by": found.why}
+        processors = default_processors()
+        for p in processors:
+            p.interval_s = rates.thread_states_every_s if p.name == "threads" else max(p.interval_s,
+                                                                                         rates.derive_every_s)
+        self.session = LiveSession(sources, clock, meta, processors=processors)
+        self.recorder: RollingRecorder | None = None
+        if state is not None:
+            # a subscriber of its own, so a new file can replace a full one while the session runs
+            self.recorder = RollingRecorder(state, self.label, meta, seed=self._facts)
+            self.session.bus.subscribe(self.recorder)
+        self.started_at = time.monotonic()
+        self.ended_at: float | None = None
+        self.session.start()
+        if self.target.ptrace_denied:
+            log.info("job %s: %s; watched without its stacks", self.label, self.target.ptrace_denied)
+
+    def _facts(self) -> list:
+        """The newest sample of each kind sent only at start or on change, stamped now: what a
+        new segment needs to stand alone (its GPUs' names, the processes' roles, the ranks)."""
+        from gputop.catalogue import KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROC_INFO, KIND_RANK, KIND_TARGET
+        from gputop.model import Sample
+
+        now = self.session.now()
+        store = self.session.store
+        return [Sample(now, kind, key, s.data)
+                for kind in (KIND_GPU_INFO, KIND_PROC_INFO, KIND_RANK, KIND_TARGET, KIND_PROBE_CONFIG)
+                for key, s in store.latest_of_kind(kind).items()]
+
+    def alive(self) -> bool:
+        try:
+            return self.target.alive()
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        try:
+            self.session.stop({"stopped_by": "agent"})
+        except Exception as e:
+            log.warning("job %s: stopping its session failed: %s: %s", self.label, type(e).__name__, e)
+        if self.recorder is not None:
+            self.recorder.close({"stopped_by": "agent"})
