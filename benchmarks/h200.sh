@@ -222,6 +222,42 @@ phase_real() {
   note "demo --headless --duration 15: $(real_line "$d/demo.json")"
 }
 
+# Issue 15: FLOPs/MFU against the analytic count and energy per step against power x time (a GPT in
+# bf16 and a ResNet-50); a GPU loop that stops stepping (sleep, lock, a collective) named `stalled`.
+phase_mfu() {
+  local d=$RES/mfu; mkdir -p "$d"
+  timeout 300 $PY benchmarks/mfu_h200.py "$d" --train-s ${MFU_TRAIN_S:-20} > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  tail -25 "$d/log.txt" | tee -a "$SUMMARY"
+  rm -f "$d"/*.gtrec.tmp
+}
+phase_stall() {
+  local d=$RES/stall; mkdir -p "$d"
+  timeout 300 $PY benchmarks/stall_h200.py "$d" > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  tail -20 "$d/log.txt" | tee -a "$SUMMARY"
+}
+# Issue 16: the agent finds two training processes started after it, exports both, forgets the first.
+phase_agent() {
+  local d=$RES/agent; mkdir -p "$d"
+  timeout 300 $PY benchmarks/agent_h200.py "$d" --first ${AGENT_FIRST:-70} --overlap ${AGENT_OVERLAP:-45} \
+      > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  tail -20 "$d/log.txt" | tee -a "$SUMMARY"
+}
+# Issue 17 on one GPU: the DDP comm hook installs on NCCL and costs nothing measurable (probe on/off
+# alternated). Multicast stays off (the script sets the variables for every program it starts).
+phase_ddp1() {
+  local d=$RES/ddp1; mkdir -p "$d"
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    timeout 240 $PY benchmarks/ddp_nccl.py "$d" --nproc 1 --reps 3 > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  tail -20 "$d/log.txt" | tee -a "$SUMMARY"
+}
+# Issue 17 on a multi-GPU kind when one is lent: DDP/FSDP straggler, balanced, communication-bound.
+phase_ddpN() {
+  local d=$RES/ddpN; mkdir -p "$d"
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    timeout 500 $PY benchmarks/ddp_nccl.py "$d" --nproc ${NPROC:-$(nvidia-smi -L | wc -l)} > "$d/log.txt" 2>&1
+  echo "rc=$?" >> "$d/log.txt"; tail -30 "$d/log.txt" | tee -a "$SUMMARY"
+}
+
 real_line() {
   $PY - "$1" <<'PY'
 import json, sys
