@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--seeks", type=int, default=20)
     ap.add_argument("--play-minutes", type=float, default=10.0)
     ap.add_argument("--no-full", action="store_true", help="skip the report built from every sample")
+    ap.add_argument("--baseline-minutes", type=float, default=5.0,
+                    help="also record this long without summary frames: the recorder's own CPU")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
@@ -111,6 +113,15 @@ def main() -> int:
     build_s, build_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if rec.error or rec.summary_error:
         raise SystemExit(f"recording failed: {rec.error or rec.summary_error}")
+    base_cpu = None
+    if a.baseline_minutes > 0:
+        plain = os.path.join(a.outdir, "plain.gtrec")
+        if os.path.exists(plain):
+            os.remove(plain)
+        c = time.process_time()
+        rerecord(a.source, plain, None, span_s=a.baseline_minutes * 60.0)
+        base_cpu = (time.process_time() - c) / (a.baseline_minutes * 60.0)
+        os.remove(plain)
     from gputop.session.recording import RecordingReader
 
     with RecordingReader(dst) as r:
@@ -135,6 +146,7 @@ def main() -> int:
         "source": os.path.relpath(a.source, ROOT), "hours": round(span / 3600, 3), "bytes": size,
         "mb_per_minute": round(size / 1e6 / (span / 60), 3), "summary_frames": n_summaries,
         "build_s": round(build_s, 1), "recorder_cpu_ms_per_recorded_s": round(1000 * build_cpu / span, 2),
+        "recorder_cpu_ms_per_recorded_s_without_summaries": round(1000 * base_cpu, 2) if base_cpu else None,
         "recorder_rss_growth_mib": round(grow, 1) if grow is not None else None,
         "report_s": round(rep_s, 3), "report_peak_rss_mib": round(rep_rss, 1),
         "report_full_s": round(full[0], 3) if full else None,
@@ -147,7 +159,9 @@ def main() -> int:
         json.dump(res, f, indent=2)
     print(f"source {res['source']} looped to {res['hours']} h through the recorder in {res['build_s']} s "
           f"({res['recorder_cpu_ms_per_recorded_s']} ms CPU per recorded second)")
-    rows = [("file size", f"{size / 1e6:.1f} MB, {res['mb_per_minute']} MB/min, {n_summaries} summary frames"),
+    rows = [("recorder CPU without summaries", f"{res['recorder_cpu_ms_per_recorded_s_without_summaries']} ms "
+                                                "per recorded second"),
+            ("file size", f"{size / 1e6:.1f} MB, {res['mb_per_minute']} MB/min, {n_summaries} summary frames"),
             ("recorder RSS growth", f"{res['recorder_rss_growth_mib']} MiB"),
             ("gputop report (summaries)", f"{res['report_s']:.3f} s, peak RSS {res['report_peak_rss_mib']} MiB"),
             ("report from every sample", f"{res['report_full_s']} s"),

@@ -1,11 +1,14 @@
 """``gputop report FILE [--json]``: what a recorded session looked like, in numbers.
 
-The statistics are built in one pass over the recording's chunks, aggregating the columnar
-data directly (no Sample objects for the high-rate kinds); the verdicts are recomputed by
-replaying the raw samples through the session's processors (docs/benchmarks.md has the cost:
-seconds for an hour of data). Later layers add *sections* (Python stacks, probe timings, verdicts): each
-declares the sample kinds it needs and gets just those samples. docs/report.md documents the
-JSON shape; fields are only ever added, and ``report_version`` bumps if one changes meaning.
+A file with summary frames (format 1.1: the recorder writes one a minute) is reported by
+merging them: the statistics of every field, and the verdicts and time budget of the whole-file
+replay that the recorder ran as it wrote (docs/report.md). Otherwise the statistics are built in
+one pass over the chunks, aggregating the columnar data directly, and the verdicts are
+recomputed by replaying the raw samples through the session's processors (seconds for an hour).
+The same functions make the numbers either way (derive/record_stats.py). Later layers add
+*sections* (Python stacks, probe timings, ranks): each declares the sample kinds it needs and
+gets just those samples. docs/report.md documents the JSON shape; fields are only ever added,
+and ``report_version`` bumps if one changes meaning.
 """
 
 from __future__ import annotations
