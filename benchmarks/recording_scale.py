@@ -9,6 +9,10 @@ and density. Then it measures: bytes per minute; the time to open it for replay 
 frame headers), to seek to its middle and to its end; and the time of ``gputop report``
 with and without recomputing the verdicts (the report replays every second through the
 verdict engine). Prints a table and writes OUTDIR/recording_scale.json.
+
+The tiled file has no summary frames (its chunks are copied, not written by the recorder): this
+measures the path of files from gputop before format 1.1. benchmarks/long_recording.py builds
+the long file through the recorder itself and measures the summary path.
 """
 
 from __future__ import annotations

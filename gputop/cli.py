@@ -70,7 +70,7 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
     recorder = None
     if record_path:
         try:
-            recorder = Recorder(RecordingWriter(record_path, meta))
+            recorder = Recorder(RecordingWriter(record_path, meta), summarizer=_summarizer())
         except RecordingError as e:
             raise CliError(str(e)) from None
     session = LiveSession(sources, clock, meta, recorder=recorder, processors=processors)
@@ -97,6 +97,13 @@ def _optional_sources(clock, target, a) -> list:
 
         out.append(StallSnapshotSource(clock))
     return out
+
+
+def _summarizer():
+    """The recording's summary frames: what `gputop report` merges instead of replaying."""
+    from gputop.verdicts.recording_summary import RecordingSummarizer
+
+    return RecordingSummarizer()
 
 
 def _processors() -> list:

@@ -1,23 +1,26 @@
 """``gputop report FILE [--json]``: what a recorded session looked like, in numbers.
 
-The statistics are built in one pass over the recording's chunks, aggregating the columnar
-data directly (no Sample objects for the high-rate kinds); the verdicts are recomputed by
-replaying the raw samples through the session's processors (docs/benchmarks.md has the cost:
-seconds for an hour of data). Later layers add *sections* (Python stacks, probe timings, verdicts): each
-declares the sample kinds it needs and gets just those samples. docs/report.md documents the
-JSON shape; fields are only ever added, and ``report_version`` bumps if one changes meaning.
+A file with summary frames (format 1.1: the recorder writes one a minute) is reported by
+merging them: the statistics of every field, and the verdicts and time budget of the whole-file
+replay that the recorder ran as it wrote (docs/report.md). Otherwise the statistics are built in
+one pass over the chunks, aggregating the columnar data directly, and the verdicts are
+recomputed by replaying the raw samples through the session's processors (seconds for an hour).
+The same functions make the numbers either way (derive/record_stats.py). Later layers add
+*sections* (Python stacks, probe timings, ranks): each declares the sample kinds it needs and
+gets just those samples. docs/report.md documents the JSON shape; fields are only ever added,
+and ``report_version`` bumps if one changes meaning.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
+from gputop.derive.record_stats import FieldStats, StatsPartial
 from gputop.derive.stats import is_number, summarize
-from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
+from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
                           KIND_TARGET, MetricSpec, Sample)
 from gputop.session.recording import RecordingReader, damage_line
 from gputop.session.sanitize import BadValues, clean_meta, clean_series, json_safe, printable, printable_tree
@@ -52,52 +55,13 @@ def _specs_by_field() -> dict[tuple[str, str], MetricSpec]:
     return {(m.kind, m.field): m for m in metric_specs()}
 
 
-class _Agg:
-    """Numeric columns per (kind, key, field), collected chunk by chunk."""
-
-    def __init__(self) -> None:
-        self.values: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        self.last: dict[tuple[str, str], dict] = {}
-        self.tree_ticks: dict[float, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # t -> cpu, rss, n
-
-    def add(self, kind: str, key: str, ts: list, cols: dict) -> None:
-        if kind in (KIND_GPU, KIND_SYSTEM):
-            dst = self.values[(kind, key)]
-            for name, col in cols.items():
-                nums = [v for v in col if is_number(v)]
-                if nums:
-                    dst[name].extend(nums)
-        if kind == KIND_PROC:
-            # The tree's total per host tick: samples of one tick share a timestamp (to 50 ms).
-            cpu, rss = cols.get("cpu_pct", []), cols.get("rss", [])
-            for i, t in enumerate(ts):
-                tick = self.tree_ticks[round(t * 20) / 20]
-                c = cpu[i] if i < len(cpu) else None
-                r = rss[i] if i < len(rss) else None
-                if is_number(c):
-                    tick[0] += c
-                if is_number(r):
-                    tick[1] += r
-                tick[2] += 1
-            dst = self.values[(kind, key)]
-            for name in ("cpu_pct", "rss"):
-                dst[name].extend(v for v in cols.get(name, []) if is_number(v))
-        if ts:
-            last = {name: col[-1] for name, col in cols.items()}
-            prev = self.last.get((kind, key))
-            if prev is not None and kind in (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET):
-                # Keep fields a later sample left out (None), e.g. a partial info update.
-                last = {**prev, **{k: v for k, v in last.items() if v is not None}}
-            self.last[(kind, key)] = last
-
-
 def _metrics(kind: str, cols: dict[str, list], specs: dict) -> dict:
     out = {}
     for name in sorted(cols):
         spec = specs.get((kind, name))
         if spec is not None and not spec.aggregate:
             continue
-        stats = summarize(cols[name])
+        stats = cols[name].summary()
         if stats["n"] == 0:
             continue
         stats["unit"] = spec.unit if spec else ""
@@ -110,18 +74,60 @@ def _verdict_section(path: str) -> dict:
     recording is played through the same processors a live session runs, at full speed."""
     from gputop.session.whole_replay import replay_whole
     from gputop.verdicts import default_processors
-    from gputop.verdicts.summary import summarize_verdicts
 
     from gputop.derive.budget_processor import BudgetProcessor, budget_section
 
     processors = default_processors()
     got = replay_whole(path, processors)
-    out = summarize_verdicts(got.samples, got.t_start, got.t_end)
     budget = next((p for p in processors if isinstance(p, BudgetProcessor)), None)
+    return _verdict_keys(got.samples, got.t_start, got.t_end,
+                         budget_section(budget, got.t_end) if budget is not None else {})
+
+
+def _verdict_keys(samples: list[Sample], t_start: float, t_end: float, budget: dict) -> dict:
+    """The report's verdict and time-budget keys: one function, whether the verdict samples come
+    from a whole-file replay or from the summary frames the recorder wrote while replaying."""
+    from gputop.verdicts.summary import summarize_verdicts
+
+    out = summarize_verdicts(samples, t_start, t_end)
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
             "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
-            "no_verdict_why": out["no_verdict_why"],
-            **(budget_section(budget, got.t_end) if budget is not None else {})}
+            "no_verdict_why": out["no_verdict_why"], **budget}
+
+
+@dataclass
+class _Summaries:
+    """What a file's summary frames gave: statistics of the chunks before ``covers_to`` (a file
+    offset), the verdict samples of the replay, and its end (None: not written, gputop killed)."""
+    stats: StatsPartial
+    covers_to: int
+    verdicts: list[Sample]
+    final: dict | None
+
+
+def _read_summaries(reader) -> _Summaries | None:
+    """The summary frames merged, or None when the file has none or they cannot be trusted to
+    give what reading every sample would (a damaged part: the samples are read instead)."""
+    from gputop.verdicts.recording_summary import verdict_samples
+
+    idx = reader.index
+    if not idx.summaries or idx.damaged or idx.bad_chunks:
+        return None
+    stats, verdicts, final = StatsPartial(), [], None
+    for ref in idx.summaries:
+        obj = reader.read_summary(ref)
+        if obj is None:
+            return None
+        try:
+            stats.merge(StatsPartial.from_json(obj.get("stats")))
+            verdicts.extend(verdict_samples(obj.get("verdicts")))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if isinstance(obj.get("final"), dict):
+            final = obj["final"]
+    if final is not None and (final.get("t_start") != idx.t_start or final.get("t_end") != idx.t_end):
+        final = None   # the replay it summarizes is not of this file as it reads now
+    return _Summaries(stats, idx.summaries[-1].offset, verdicts, final)
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:
@@ -130,51 +136,48 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     Every value is checked on the way in (session/sanitize.py): one of the wrong type or out of
     range is None in the report, and ``session.bad_values`` says which fields and why."""
     specs = _specs_by_field()
-    agg = _Agg()
     want_kinds = {k for s in SECTIONS for k in s.kinds}
     section_samples: list[Sample] = []
-    # A source's health as it stands at the end of the file (a probe that attached before
-    # `import torch` and then saw it is healthy), with its worst failure before that, if any.
-    health_worst: dict[str, dict] = {}
-    health_last: dict[str, dict] = {}
-    clock_events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    gpu_rows: dict[str, int] = defaultdict(int)
-    n_samples = 0
-    t_first, t_last = math.inf, -math.inf
-
-    bad = BadValues()
+    meta_bad, bad = BadValues(), BadValues()
+    verdict_keys = None
     with RecordingReader(path) as reader:
-        meta = clean_meta(reader.meta, bad)
+        meta = clean_meta(reader.meta, meta_bad)
         index = reader.index
+        summaries = _read_summaries(reader)
+        agg = summaries.stats if summaries is not None else StatsPartial()
+        covers_to = summaries.covers_to if summaries is not None else -1
         for ref in index.chunks:
+            covered = ref.offset < covers_to    # its statistics are in the summaries
+            if covered and not want_kinds:
+                continue
+            mine = BadValues() if covered else bad
             for series in reader.read_series(ref):
-                series = clean_series(*series, bad)
+                series = clean_series(*series, mine)
                 if series is None:
                     continue
                 kind, key, ts, cols = series
-                n_samples += len(ts)
-                if ts:
-                    t_first, t_last = min(t_first, ts[0], ts[-1]), max(t_last, ts[0], ts[-1])
-                agg.add(kind, key, ts, cols)
-                if kind == KIND_GPU:
-                    gpu_rows[key] += len(ts)
-                    for evs in cols.get("clock_events", []):
-                        if isinstance(evs, list):
-                            for ev in evs:
-                                if isinstance(ev, str):
-                                    clock_events[key][ev] += 1
-                elif kind == KIND_HEALTH:
-                    for state, msg in zip(cols.get("state", []), cols.get("message", [])):
-                        rank = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}.get(state, 0)
-                        if rank >= health_worst.get(key, {}).get("_rank", -1):
-                            health_worst[key] = {"_rank": rank, "state": state, "message": msg}
-                        health_last[key] = {"_rank": rank, "state": state, "message": msg}
+                if not covered:
+                    agg.add(kind, key, ts, cols)
                 if kind in want_kinds:
                     names = list(cols)
                     for i, t in enumerate(ts):
                         section_samples.append(Sample(float(t), kind, key, {n: cols[n][i] for n in names}))
+            if not covered and bad:
+                agg.add_bad(bad.counts, bad.reasons)
+                bad = BadValues()
+        if recompute_verdicts and summaries is not None and summaries.final is not None and not index.damaged:
+            final = summaries.final
+            verdict_keys = _verdict_keys(summaries.verdicts, index.t_start, index.t_end,
+                                         {k: v for k, v in final.items() if k not in ("t_start", "t_end")})
         truncated, clean_end = index.truncated, index.end is not None
         damaged, damage = [d.as_dict() for d in index.damaged], damage_line(index)
+    bad = meta_bad   # the metadata's bad values first, then the samples', in the order found
+    for where, n in agg.bad_counts.items():
+        bad.counts[where] = bad.counts.get(where, 0) + n
+        bad.reasons.setdefault(where, agg.bad_reasons.get(where, ""))
+    n_samples, t_first, t_last = agg.n_samples, agg.t_first, agg.t_last
+    health_last, health_worst = agg.health_last, agg.health_worst
+    gpu_rows, clock_events = agg.gpu_rows, agg.clock_events
 
     duration = (t_last - t_first) if n_samples else 0.0
     start_wall = meta.get("start_wall")
@@ -236,7 +239,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
         if kind != KIND_PROC:
             continue
         info = agg.last.get((KIND_PROC_INFO, key)) or agg.last.get((KIND_PROC, key), {})
-        cpu, rss = summarize(cols.get("cpu_pct", [])), summarize(cols.get("rss", []))
+        cpu, rss = (cols.get(n, FieldStats()).summary() for n in ("cpu_pct", "rss"))
         procs.append({"pid": _num_key(key), "name": info.get("name"), "role": info.get("role"),
                       "cpu_pct_mean": cpu["mean"], "cpu_pct_max": cpu["max"], "rss_max": rss["max"]})
     if procs:
@@ -249,7 +252,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     report["host"] = host
 
     if recompute_verdicts:
-        report.update(_verdict_section(path))
+        report.update(verdict_keys if verdict_keys is not None else _verdict_section(path))
     for section in SECTIONS:
         mine = [s for s in section_samples if s.kind in section.kinds]
         mine.sort(key=lambda s: s.t)

@@ -12,17 +12,33 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Protocol
 
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
-    _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, MAGIC,
-    RecordingError, encode_chunk, frame_bytes, json_frame,
+    _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, FRAME_SUMMARY, MAGIC,
+    RecordingError, Series, decode_payload, encode_chunk, frame_bytes, json_frame, validate_chunk,
 )
 
 MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 samples/s):
                                # a long disk stall costs samples, never gputop's memory
 CHUNK_SAMPLES = 20_000         # a backlog is written as chunks of at most this many samples...
 CHUNK_SPAN_S = 5.0             # ... and this span, well inside what the reader accepts
+SUMMARY_S = 60.0               # a summary frame per this many seconds of samples
+
+
+class Summarizer(Protocol):
+    """What the recorder's summary frames hold (gputop/verdicts/recording_summary.py makes
+    them: the report's statistics and the derivations replayed, mergeable minute by minute)."""
+
+    def add(self, series: list[Series], t0: float, t1: float) -> None:
+        """One chunk as written (decoded again: exactly what a reader will see)."""
+
+    def take(self) -> dict:
+        """The summary of the chunks added since the last take."""
+
+    def finish(self) -> dict:
+        """The last summary, at a clean stop: it settles what waits for the end of the file."""
 
 
 class RecordingWriter:
@@ -46,10 +62,16 @@ class RecordingWriter:
     def write_meta(self, meta: dict) -> None:
         self._write(json_frame(FRAME_META, meta))
 
-    def write_samples(self, samples: list[Sample]) -> None:
+    def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float] | None:
+        """Writes one chunk frame; returns its (payload, t0, t1)."""
         if samples:
             payload, t0, t1 = encode_chunk(samples)
             self._write(frame_bytes(FRAME_CHUNK, payload, CODEC_ZLIB, t0, t1))
+            return payload, t0, t1
+        return None
+
+    def write_summary(self, summary: dict) -> None:
+        self._write(json_frame(FRAME_SUMMARY, summary))
 
     def _write(self, frame: bytes) -> None:
         self._f.write(frame)
@@ -97,8 +119,13 @@ class Recorder:
     """
 
     def __init__(self, writer: RecordingWriter, flush_s: float = 1.0, fsync_s: float = 10.0,
-                 max_queued: int = MAX_QUEUED_SAMPLES):
+                 max_queued: int = MAX_QUEUED_SAMPLES, summarizer: Summarizer | None = None,
+                 summary_s: float = SUMMARY_S):
         self.writer = writer
+        self.summarizer = summarizer
+        self.summary_s = summary_s
+        self.summary_error: str | None = None   # the summarizer failed: the file has samples only
+        self._summary_t0: float | None = None   # first chunk time since the last summary frame
         self.flush_s = flush_s
         self.fsync_s = fsync_s
         self.max_queued = max_queued
@@ -174,8 +201,10 @@ class Recorder:
                         run.append(item)
                         continue
                     for piece in _pieces(run):
-                        self.writer.write_samples(piece)
+                        written = self.writer.write_samples(piece)
                         self.samples_written += len(piece)
+                        if written is not None:
+                            self._summarize(*written)
                     run = []
                     if isinstance(item, dict):
                         self.writer.write_meta(item)
@@ -183,6 +212,27 @@ class Recorder:
                 self.error = f"recording stopped: {e.strerror}"
             except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
                 self.error = f"recording stopped: {type(e).__name__}: {e}"
+
+    def _summarize(self, payload: bytes, t0: float, t1: float) -> None:
+        """Feed one written chunk to the summarizer; a summary frame per ``summary_s`` seconds.
+        A failing summarizer stops the summaries, never the recording (readers then replay)."""
+        if self.summarizer is None:
+            return
+        try:
+            self.summarizer.add(validate_chunk(decode_payload(CODEC_ZLIB, payload), t0, t1), t0, t1)
+            if self._summary_t0 is None:
+                self._summary_t0 = t0
+            if t1 - self._summary_t0 >= self.summary_s:
+                self.writer.write_summary(self.summarizer.take())
+                self._summary_t0 = None
+        except OSError:
+            raise
+        except Exception as e:
+            self._summary_failed(e)
+
+    def _summary_failed(self, e: Exception) -> None:
+        self.summary_error = f"summaries stopped: {type(e).__name__}: {e}"
+        self.summarizer = None
 
     def flush(self) -> None:
         """Write what is queued now (on the calling thread)."""
@@ -217,6 +267,13 @@ class Recorder:
         self.flush()
         with self._io_lock:
             try:
+                if self.summarizer is not None and self.error is None:
+                    try:
+                        final = self.summarizer.finish()
+                    except Exception as e:
+                        self._summary_failed(e)
+                    else:
+                        self.writer.write_summary(final)
                 self.writer.close(end)
             except OSError as e:
                 self.error = f"recording not closed cleanly: {e.strerror}"

@@ -23,11 +23,13 @@ Layout::
     frame  := b"GF" type(1) codec(1) length(u32) crc32(u32) t0(f64) t1(f64)  payload[length]
     type   := b"M" metadata (JSON object; later M frames add/override keys)
             | b"C" chunk of samples (JSON, columnar per series)
+            | b"S" summary of the chunks since the previous S (format 1.1; JSON object:
+                  verdicts/recording_summary.py; a 1.0 reader skips it)
             | b"E" end of session (JSON object; written on a clean stop)
     codec  := 0 plain JSON | 1 zlib-compressed JSON
     crc32  := zlib.crc32 over t0, t1 and the payload
     t0, t1 := a chunk's first and last sample time (checked against its samples when read);
-              0, 0 for M and E frames
+              0, 0 for M, S and E frames
 
 Chunk payload::
 

@@ -16,12 +16,12 @@ from gputop.model import Sample
 
 MAGIC = b"\x89GTREC\r\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1   # 1.1 added summary frames (S); a 1.0 reader skips them
 _FILE_HEADER = struct.Struct("<8sHHI")
 _FRAME_HEADER = struct.Struct("<2sccIIdd")
 FRAME_MARK = b"GF"
-FRAME_META, FRAME_CHUNK, FRAME_END = b"M", b"C", b"E"
-FRAME_TYPES = (FRAME_META, FRAME_CHUNK, FRAME_END)
+FRAME_META, FRAME_CHUNK, FRAME_END, FRAME_SUMMARY = b"M", b"C", b"E", b"S"
+FRAME_TYPES = (FRAME_META, FRAME_CHUNK, FRAME_END, FRAME_SUMMARY)
 CODEC_JSON, CODEC_ZLIB = b"\x00", b"\x01"
 CODECS = (CODEC_JSON, CODEC_ZLIB)
 
@@ -87,6 +87,7 @@ class RecordingIndex:
     scanned_to: int = 0                # offset after the last complete frame
     damaged: list[Damage] = field(default_factory=list)   # parts skipped, in file order
     bad_chunks: set[int] = field(default_factory=set)     # offsets of chunks found damaged when read
+    summaries: list[ChunkRef] = field(default_factory=list)  # S frames, in file order (times 0, 0)
 
     def good_chunks(self) -> list[ChunkRef]:
         return [c for c in self.chunks if c.offset not in self.bad_chunks] if self.bad_chunks else self.chunks
@@ -212,6 +213,14 @@ def _check_value(v, depth: int = 0) -> bool:
     if isinstance(v, dict):
         return all(isinstance(k, str) and len(k) <= MAX_STRING and _check_value(x, depth + 1) for k, x in v.items())
     return False
+
+
+def check_summary(obj) -> dict:
+    """A summary frame's payload: an object; its parts are checked by whoever reads them
+    (derive/record_stats.py), values bounded in size and depth like a chunk's."""
+    if not isinstance(obj, dict) or not _check_value(obj, -2 * MAX_DEPTH):
+        raise FrameDamaged("summary is not an object of bounded size and depth")
+    return obj
 
 
 def check_meta(obj) -> None:

@@ -18,14 +18,15 @@ from typing import Iterator
 from gputop.model import Sample
 from gputop.session.recording_format import (
     _FILE_HEADER, _FRAME_HEADER, CHUNK_SLACK_S, CODECS, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END,
-    FRAME_MARK, FRAME_META, FRAME_TYPES, MAGIC, MAX_CHUNK_SPAN_S, MAX_DAMAGED_PARTS, MAX_FRAME_BYTES,
+    FRAME_MARK, FRAME_META, FRAME_SUMMARY, FRAME_TYPES, MAGIC, MAX_CHUNK_SPAN_S, MAX_DAMAGED_PARTS, MAX_FRAME_BYTES,
     MAX_FRAMES_PER_FILE, MAX_VALUES_PER_FILE_BYTE, MIN_VALUES_PER_FILE, ChunkRef, Damage, FrameDamaged,
-    RecordingError, RecordingIndex, Series, check_meta, crc_ok, decode_payload, samples_of, validate_chunk,
+    RecordingError, RecordingIndex, Series, check_meta, check_summary, crc_ok, decode_payload, samples_of,
+    validate_chunk,
 )
 
 _HDR = _FRAME_HEADER.size
 _WINDOW = 1 << 20          # bytes read at once while scanning
-_WHAT = {FRAME_META: "metadata", FRAME_CHUNK: "chunk", FRAME_END: "end"}
+_WHAT = {FRAME_META: "metadata", FRAME_CHUNK: "chunk", FRAME_END: "end", FRAME_SUMMARY: "summary"}
 
 
 def _magic_nearly(head: bytes) -> bool:
@@ -164,6 +165,8 @@ class RecordingReader:
                 # The writer gives M and E frames no times (and times are checksummed): this is a
                 # chunk whose type byte was damaged.
                 problem = ("chunk", "has a damaged type byte")
+            elif ftype == FRAME_SUMMARY:
+                idx.summaries.append(ChunkRef(pos, length, 0.0, 0.0))  # decoded when read
             else:
                 try:
                     obj = decode_payload(codec, self._read_at(pos + _HDR, length))
@@ -312,6 +315,25 @@ class RecordingReader:
             raise RecordingError(f"{self.path} is damaged in more than {MAX_DAMAGED_PARTS} places: beyond repair")
         bisect.insort(idx.damaged, Damage(ref.offset, _HDR + ref.length, "chunk", reason, t0, t1),
                       key=lambda d: d.offset)
+
+    def read_summary(self, ref: ChunkRef) -> dict | None:
+        """One summary frame's payload, checked; None (and listed in ``index.damaged``) if it
+        cannot be used: the report then reads the samples instead."""
+        self._f.seek(ref.offset)
+        hdr = self._f.read(_HDR)
+        try:
+            if len(hdr) < _HDR:
+                raise FrameDamaged("is cut short")
+            _, _, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
+            payload = self._f.read(length)
+            if len(payload) != length or not crc_ok(payload, crc, t0, t1):
+                raise FrameDamaged("fails its checksum")
+            return check_summary(decode_payload(codec, payload))
+        except FrameDamaged as e:
+            if len(self.index.damaged) < MAX_DAMAGED_PARTS:
+                bisect.insort(self.index.damaged, Damage(ref.offset, _HDR + ref.length, "summary", str(e)),
+                              key=lambda d: d.offset)
+            return None
 
     def chunks_between(self, t_from: float, t_to: float) -> list[ChunkRef]:
         chunks = self.index.chunks

@@ -27,6 +27,9 @@ from gputop.session.store import Bus, SampleStore
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 RECORDED_SUFFIX = "@recorded"
 GAP_S = 60.0   # no sample for this long: processors have seen the silence; resume at the next sample
+PLAY_THROUGH_S = 10.0   # a forward seek this short plays through (processors run at every due
+                        # time); a longer one jumps like a seek back: each played second costs a
+                        # run of every processor, and seeking anywhere must take under a second
 
 
 class ReplaySession:
@@ -100,7 +103,7 @@ class ReplaySession:
 
     def seek(self, t: float) -> None:
         t = min(max(t, self.t_start), self.t_end)
-        if t >= self.position and t - self.position <= self.seek_window_s:
+        if t >= self.position and t - self.position <= min(self.seek_window_s, PLAY_THROUGH_S):
             self._advance_to(t)  # forward and close: just play through
             return
         self.position = t

@@ -1,0 +1,181 @@
+"""Long recordings: build one through the recorder, then time its report, replay open and seeks.
+
+    python benchmarks/long_recording.py OUTDIR [--hours 1] [--source tests/data/h200/real/hf_trainer-run.gtrec]
+                                              [--seeks 20] [--play-minutes 10] [--keep]
+
+1. Builds OUTDIR/long.gtrec by feeding a real recording's samples, looped with shifted times
+   until they cover ``--hours``, through the recorder itself (session/rerecord.py: each chunk
+   handed to ``Recorder.on_samples`` and written by ``Recorder.flush``, summary frames included,
+   so the file has whatever the recorder writes). Measures the recorder's CPU per recorded
+   second and the growth of this process's RSS while it writes (the recorder and its summaries
+   over simulated hours: the live side's new memory).
+2. ``gputop report FILE`` in a fresh process: wall time and peak RSS (the summary frames are
+   merged), and the same report built by reading every sample (``--full``) for comparison.
+3. ``ReplaySession`` (the replay's engine) in a fresh process: open, then ``--seeks`` seeks to
+   random points (median and max), then ``--play-minutes`` of playback at full speed from a
+   random point; peak RSS and RSS growth while playing.
+Prints a table and writes OUTDIR/long_recording.json. The file is removed unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gputop.session.rerecord import rerecord  # noqa: E402
+from gputop.verdicts.recording_summary import RecordingSummarizer  # noqa: E402
+
+_REPLAY = r"""
+import json, random, resource, sys, time
+from gputop.session.replay import ReplaySession
+from gputop.verdicts import default_processors
+path, seeks, play_min = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+t = time.perf_counter()
+s = ReplaySession(path, processors=default_processors(), start_playing=False)
+open_s = time.perf_counter() - t
+rng = random.Random(14)
+times = []
+for _ in range(seeks):
+    at = rng.uniform(s.t_start, s.t_end)
+    t = time.perf_counter(); s.seek(at); times.append(time.perf_counter() - t)
+times.sort()
+start = rng.uniform(s.t_start, max(s.t_start, s.t_end - play_min * 60))
+s.seek(start)
+base = rss(); peak_play = base
+t = time.perf_counter()
+for k in range(int(play_min * 60)):
+    s.play_to(start + k + 1)
+    if k % 30 == 0:
+        peak_play = max(peak_play, rss())
+play_s = time.perf_counter() - t
+s.stop()
+print(json.dumps({"open_s": open_s, "seek_median_s": times[len(times) // 2] if times else None,
+                  "seek_max_s": times[-1] if times else None, "play_s": play_s,
+                  "play_growth_mib": (peak_play - base) / 2**20,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _child(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MiB, stdout) of a fresh process."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env={**os.environ, "PYTHONPATH": ROOT})
+        out = p.stdout.read()
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(cmd[:4])} failed: {err.read().decode()[-400:]}")
+    return wall, ru.ru_maxrss / 1024, out.decode()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--source", default=os.path.join(ROOT, "tests", "data", "h200", "real", "hf_trainer-run.gtrec"))
+    ap.add_argument("--seeks", type=int, default=20)
+    ap.add_argument("--play-minutes", type=float, default=10.0)
+    ap.add_argument("--no-full", action="store_true", help="skip the report built from every sample")
+    ap.add_argument("--baseline-minutes", type=float, default=5.0,
+                    help="also record this long without summary frames: the recorder's own CPU")
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.outdir, exist_ok=True)
+    dst = os.path.join(a.outdir, "long.gtrec")
+    if os.path.exists(dst):
+        os.remove(dst)
+
+    rss_rows = []
+    rss0 = _rss()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    rec = rerecord(a.source, dst, RecordingSummarizer(), span_s=a.hours * 3600.0,
+                   progress=lambda f: rss_rows.append((f, _rss())))
+    build_s, build_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    if rec.error or rec.summary_error:
+        raise SystemExit(f"recording failed: {rec.error or rec.summary_error}")
+    base_cpu = None
+    if a.baseline_minutes > 0:
+        plain = os.path.join(a.outdir, "plain.gtrec")
+        if os.path.exists(plain):
+            os.remove(plain)
+        c = time.process_time()
+        rerecord(a.source, plain, None, span_s=a.baseline_minutes * 60.0)
+        base_cpu = (time.process_time() - c) / (a.baseline_minutes * 60.0)
+        os.remove(plain)
+    from gputop.session.recording import RecordingReader
+
+    with RecordingReader(dst) as r:
+        span = r.index.t_end - r.index.t_start
+        n_summaries = len(r.index.summaries)
+    size = os.path.getsize(dst)
+    # growth after the first 10 % (imports, the stores filling their 300 s windows)
+    warm = next((m for f, m in rss_rows if f >= 0.1), rss_rows[0][1] if rss_rows else rss0)
+    grow = (max(m for _, m in rss_rows) - warm) / 2**20 if rss_rows else None
+
+    py = sys.executable
+    rep_s, rep_rss, _ = _child([py, "-m", "gputop", "report", dst, "--json"])
+    full = None
+    if not a.no_full:
+        code = ("import sys, gputop.report as R; R._read_summaries = lambda reader: None; "
+                "R.build_report(sys.argv[1])")
+        full = _child([py, "-c", code, dst])
+    _, _, out = _child([py, "-c", _REPLAY, dst, str(a.seeks), str(a.play_minutes)])
+    rp = json.loads(out.strip().splitlines()[-1])
+
+    res = {
+        "source": os.path.relpath(a.source, ROOT), "hours": round(span / 3600, 3), "bytes": size,
+        "mb_per_minute": round(size / 1e6 / (span / 60), 3), "summary_frames": n_summaries,
+        "build_s": round(build_s, 1), "recorder_cpu_ms_per_recorded_s": round(1000 * build_cpu / span, 2),
+        "recorder_cpu_ms_per_recorded_s_without_summaries": round(1000 * base_cpu, 2) if base_cpu else None,
+        "recorder_rss_growth_mib": round(grow, 1) if grow is not None else None,
+        "report_s": round(rep_s, 3), "report_peak_rss_mib": round(rep_rss, 1),
+        "report_full_s": round(full[0], 3) if full else None,
+        "replay_open_s": round(rp["open_s"], 3), "seek_median_s": round(rp["seek_median_s"], 3),
+        "seek_max_s": round(rp["seek_max_s"], 3), "play_minutes": a.play_minutes, "play_s": round(rp["play_s"], 2),
+        "replay_play_growth_mib": round(rp["play_growth_mib"], 1), "replay_peak_rss_mib": round(rp["peak_rss_mib"], 1),
+        "cpu_count": os.cpu_count(),
+    }
+    with open(os.path.join(a.outdir, "long_recording.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"source {res['source']} looped to {res['hours']} h through the recorder in {res['build_s']} s "
+          f"({res['recorder_cpu_ms_per_recorded_s']} ms CPU per recorded second)")
+    rows = [("recorder CPU without summaries", f"{res['recorder_cpu_ms_per_recorded_s_without_summaries']} ms "
+                                                "per recorded second"),
+            ("file size", f"{size / 1e6:.1f} MB, {res['mb_per_minute']} MB/min, {n_summaries} summary frames"),
+            ("recorder RSS growth", f"{res['recorder_rss_growth_mib']} MiB"),
+            ("gputop report (summaries)", f"{res['report_s']:.3f} s, peak RSS {res['report_peak_rss_mib']} MiB"),
+            ("report from every sample", f"{res['report_full_s']} s"),
+            ("replay open", f"{res['replay_open_s']:.3f} s"),
+            ("replay seek (median / max)", f"{res['seek_median_s']:.3f} / {res['seek_max_s']:.3f} s"),
+            (f"replay play {a.play_minutes:g} min",
+             f"{res['play_s']} s, RSS growth {res['replay_play_growth_mib']} MiB, "
+             f"peak {res['replay_peak_rss_mib']} MiB")]
+    for k, v in rows:
+        print(f"  {k:<30} {v}")
+    if not a.keep:
+        os.remove(dst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

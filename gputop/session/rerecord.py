@@ -1,0 +1,44 @@
+"""A recording's samples fed again through the recorder, as a live session would feed them.
+
+Used to bring an older file to the current format (summary frames included) and to make long
+test files from real ones: ``span_s`` loops the file's samples with shifted times until the new
+file covers that long, so it has a real session's content and density and whatever the recorder
+writes. Nothing is faked past the samples' times: each source chunk is handed to
+``Recorder.on_samples`` and written by ``Recorder.flush`` exactly as the writer thread does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gputop.model import Sample
+from gputop.session.recorder import SUMMARY_S, Recorder, RecordingWriter, Summarizer
+from gputop.session.recording_reader import RecordingReader
+
+
+def rerecord(src: str, dst: str, summarizer: Summarizer | None = None, span_s: float | None = None,
+             progress: Callable[[float], None] | None = None, summary_s: float = SUMMARY_S) -> Recorder:
+    """Write ``dst`` from ``src``'s samples (looped to ``span_s`` seconds if given); returns the
+    stopped recorder (its ``error`` and ``summary_error`` say whether all went well)."""
+    with RecordingReader(src) as r:
+        meta = dict(r.meta)
+        refs = r.index.good_chunks()
+        t0, t1 = r.index.t_start, r.index.t_end
+        chunks = None if span_s is None else [r.read_chunk(c) for c in refs]   # looped: keep them
+        rec = Recorder(RecordingWriter(dst, meta), summarizer=summarizer, summary_s=summary_s)
+        period = (t1 - t0) + 1.0
+        shift, total = 0.0, span_s if span_s is not None else t1 - t0
+        while True:
+            for i, ref in enumerate(refs):
+                samples = chunks[i] if chunks is not None else r.read_chunk(ref)
+                if shift:
+                    samples = [Sample(s.t + shift, s.kind, s.key, s.data) for s in samples]
+                rec.on_samples(samples)
+                rec.flush()
+            shift += period
+            if progress is not None:
+                progress(min(shift / max(total, 1e-9), 1.0))
+            if span_s is None or shift >= span_s:
+                break
+    rec.stop({"clean": True, "rerecorded_from": src})
+    return rec

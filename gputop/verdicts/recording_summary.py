@@ -1,0 +1,80 @@
+"""What a recording's summary frames hold, written by the recorder and merged by the report.
+
+Each summary frame covers the chunks written since the previous one (about a minute):
+- ``stats``: the report's statistics of those chunks (derive/record_stats.StatsPartial);
+- ``verdicts``: the verdict samples the whole-file replay publishes over that stretch, computed
+  as the file is written by the same processors (session/summary_chain.IncrementalReplay);
+- ``final`` (the last frame, written on a clean stop only): where the replay started and ended
+  and the time budget at the end (derive/budget_processor.budget_section).
+The report merges these instead of reading every sample (gputop/report.py); a file without a
+``final`` frame (gputop was killed) has its verdicts replayed from the samples instead.
+"""
+
+from __future__ import annotations
+
+from gputop.derive.budget_processor import BudgetProcessor, budget_section
+from gputop.derive.record_stats import StatsPartial
+from gputop.model import Sample
+from gputop.session.recording_format import Series
+from gputop.session.sanitize import BadValues, clean_series
+from gputop.session.summary_chain import IncrementalReplay
+from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
+
+SUMMARY_VERDICT_KINDS = (KIND_VERDICT, KIND_VERDICT_PRIMARY, KIND_VERDICT_CHANGE)   # what verdicts/summary.py reads
+
+
+class RecordingSummarizer:
+    """The recorder's Summarizer (session/recorder.py). ``processors``: fresh ones, the same
+    the report replays with (gputop.verdicts.default_processors)."""
+
+    def __init__(self, processors: list | None = None):
+        if processors is None:
+            from gputop.verdicts import default_processors
+
+            processors = default_processors()
+        self.processors = processors
+        self.stats = StatsPartial()
+        self.verdicts: list[Sample] = []
+        self.chain = IncrementalReplay(processors, self._output)
+
+    def _output(self, samples: list[Sample]) -> None:
+        self.verdicts.extend(s for s in samples if s.kind in SUMMARY_VERDICT_KINDS)
+
+    def add(self, series: list[Series], t0: float, t1: float) -> None:
+        bad = BadValues()
+        for s in series:
+            got = clean_series(*s, bad)
+            if got is not None:
+                self.stats.add(*got)
+        if bad:
+            self.stats.add_bad(bad.counts, bad.reasons)
+        self.chain.add_chunk(series, t0, t1)
+
+    def take(self) -> dict:
+        out = {"stats": self.stats.to_json(), "verdicts": [[s.t, s.kind, s.key, s.data] for s in self.verdicts]}
+        self.stats = StatsPartial()
+        self.verdicts = []
+        return out
+
+    def finish(self) -> dict:
+        self.chain.finish()
+        chain = self.chain
+        final: dict = {"t_start": chain.t_start, "t_end": chain.t_end}
+        budget = next((p for p in self.processors if isinstance(p, BudgetProcessor)), None)
+        if budget is not None and chain.position is not None:
+            final.update(budget_section(budget, chain.t_end))
+        return {**self.take(), "final": final}
+
+
+def verdict_samples(rows) -> list[Sample]:
+    """A summary frame's ``verdicts`` as samples; ValueError if it is not what a recorder writes."""
+    if not isinstance(rows, list):
+        raise ValueError("verdicts")
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], (int, float))
+                and not isinstance(row[0], bool) and row[1] in SUMMARY_VERDICT_KINDS
+                and isinstance(row[2], str) and isinstance(row[3], dict)):
+            raise ValueError("verdict sample")
+        out.append(Sample(float(row[0]), row[1], row[2], row[3]))
+    return out
