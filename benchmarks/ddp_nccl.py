@@ -17,7 +17,7 @@ Scenarios (N >= 2):
   ddp_comm          a large model (--comm-dim) with a tiny batch: the all-reduce dominates;
                     communication_bound expected (no straggler)
   fsdp_balanced, fsdp_straggler   the same with FSDP2 (fully_shard per Linear layer)
-With N = 1 (one GPU): ``ddp_probe`` vs ``ddp_noprobe`` (GPUTOP_PROBE_OFF=1), alternated --reps
+With N = 1 (one GPU): ``ddp_probe`` vs ``ddp_noprobe`` (started without the probe), alternated --reps
 times: the hook installs (``ddp_comm`` on) and its cost is the steps/s ratio.
 
 Writes OUTDIR/ddp_nccl.json (per scenario: verdicts seen active, the straggler named, primary
@@ -156,10 +156,11 @@ def run_scenario(a, sc: dict, tmp: pathlib.Path) -> dict:
            "--duration", str(a.duration), "--out", str(out)]
     env = dict(os.environ, **NO_MULTICAST, GPUTOP_PROBE_DIR=str(tmp / "sock"), OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if not sc["probe"]:
-        env["GPUTOP_PROBE_OFF"] = "1"
     log = open(tmp / f"{name}.log", "w")
-    proc = launch_with_probe(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    if sc["probe"]:
+        proc = launch_with_probe(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    else:  # a plain start: launch_with_probe would load the probe whatever GPUTOP_PROBE_OFF says
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     samples: list = []
     rec = tmp / f"{name}.gtrec"
     try:
