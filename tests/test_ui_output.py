@@ -65,9 +65,9 @@ def test_output_view_tails_the_log_and_follows_it(tmp_path):
             panel = next(p for p in app.panels["output"] if isinstance(p, JobOutput))
             text = panel.text.plain
             screen = screen_text(app)
-            with open(path, "a") as f:  # the job prints on: shown at the next tick
+            with open(path, "a") as f:  # the job prints on: shown at the next draw (once a second)
                 f.write("step 301 after the view opened\n")
-            await pilot.pause(0.5)
+            await pilot.pause(1.3)
             later = panel.text.plain
             await pilot.press("question_mark")
             await pilot.pause()

@@ -30,6 +30,9 @@ GAP_S = 60.0   # no sample for this long: processors have seen the silence; resu
 PLAY_THROUGH_S = 10.0   # a forward seek this short plays through (processors run at every due
                         # time); a longer one jumps like a seek back: each played second costs a
                         # run of every processor, and seeking anywhere must take under a second
+SEEK_WARMUP_S = 30.0    # ...but a jump lands this far before its target and plays the rest: the
+                        # verdicts need their enter times and pooled windows (10-20 s) of history,
+                        # so what a seek shows is what playing through would have shown
 
 
 class ReplaySession:
@@ -106,15 +109,18 @@ class ReplaySession:
         if t >= self.position and t - self.position <= min(self.seek_window_s, PLAY_THROUGH_S):
             self._advance_to(t)  # forward and close: just play through
             return
-        self.position = t
+        land = max(self.t_start, t - SEEK_WARMUP_S) if self.processors else t
+        self.position = land
         self.bus.reset()
         for p in self.processors:
             p.reset()
         self._due.clear()
         self._fed_to = float("-inf")
         self._last_sample_t = float("-inf")
-        self._feed(t - self.seek_window_s, t)
+        self._feed(land - self.seek_window_s, land)
         self._run_processors(force=True)
+        if t > land:
+            self._advance_to(t)
 
     def seek_relative(self, dt: float) -> None:
         self.seek(self.position + dt)

@@ -29,8 +29,17 @@ class EfficiencyOverview(TextPanel):
     TITLE = "Efficiency (newest 10 s)"
     METRICS = ef.METRICS
 
+    # The Overview's first job is the verdict strip: at 80x24 one more line cuts its advice. So
+    # this line appears only where there is room and only with a FLOP count to show; the Steps
+    # view always has the panel below, n/a and its reason included.
+    MIN_HEIGHT = 30
+
     def shown(self, snap: Snapshot) -> bool:
-        return "probe_step" in snap.kinds and _has_steps(snap)
+        if "probe_step" not in snap.kinds or not _has_steps(snap):
+            return False
+        if self.is_attached and self.app.size.height < self.MIN_HEIGHT:
+            return False
+        return any(s.get("flops_per_step") is not None for s in snap.latest_of_kind("probe_step").values())
 
     def draw(self, snap: Snapshot, width: int) -> Text:
         res = _result(snap)
