@@ -21,6 +21,7 @@ from tests.test_probe import env_with_dir, start_client, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "tests" / "data" / "h200" / "gpu_bound.gtrec"
+GPT_BF16 = ROOT / "tests" / "data" / "h200" / "issue15" / "mfu_gpt_bf16.gtrec"   # a GPT under bf16 autocast
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,6 +79,11 @@ def test_a_new_batch_shape_is_counted_again_and_bf16_autocast_is_the_dtype(flops
 
 def test_torch_compile_gives_na_with_the_reason(flops_run):
     own, windows = flops_run
+    # Every step of every phase was a step (one lead optimizer), so the phase after compile ran.
+    assert own["gpt_done"]["steps"] - own["mlp_done"]["steps"] == 20
+    assert own["compile_done"]["steps"] - own["gpt_done"]["steps"] == 20
+    # Withdrawn as soon as torch.compile is called, before any further step or new shape.
+    assert own["off_right_after_compile"] == COMPILED_WHY
     last = windows[-1]
     assert last.get("flops_per_step") is None and last.get("flops_off") == COMPILED_WHY
     assert last.get("flops_dtype") is None and last.get("flops_by_dtype") is None
@@ -236,3 +242,72 @@ def test_report_section_and_grid_intensity_from_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200), "--grid-intensity", "-3"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _report_efficiency(path) -> dict:
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "gputop", "report", str(path), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    # The FLOP fields are read back, not dropped as "not a number" (they were: dtype "?", no MFU).
+    assert not any(k.startswith("probe_step.flops") for k in rep["session"].get("bad_values") or {})
+    return rep["efficiency"]
+
+
+def test_h200_gpt_bf16_recording_gives_mfu_and_counter_energy_per_step():
+    sec = _report_efficiency(GPT_BF16)
+    r = sec["ranks"][0]
+    assert r["dtype"] == "bf16" and r["flops_by_dtype"] == {"bf16": r["flops_per_step"]} and r["dtype_note"] is None
+    # The run measured 322.7 TFLOP/s; against the H200's dense bf16 peak that is ~33%, as the
+    # benchmark's own GPM tensor-active count (32.9%) says.
+    peak = gpu_peaks.dense_peak("NVIDIA H200", "bf16")[0]
+    assert r["peak_tflops"] == pytest.approx(peak)
+    assert sec["achieved_tflops"] == pytest.approx(322.7, rel=0.01)
+    assert sec["mfu"] == pytest.approx(sec["achieved_tflops"] / peak)
+    assert 0.25 < sec["mfu"] < 0.40
+    # Energy: the NVML counter; J/step against energy / steps over the probe's span, from raw samples.
+    assert sec["energy_method"] == ef.METHOD_COUNTER
+    samples = sorted(RecordingReader(str(GPT_BF16)).all_samples(), key=lambda s: s.t)
+    wins = [s for s in samples if s.kind == "probe_step"]
+    readings = [s for s in samples if s.kind == "gpu" and s.key == "0" and s.data.get("energy_j") is not None
+                and wins[0].t <= s.t <= wins[-1].t]
+    joules = readings[-1].data["energy_j"] - readings[0].data["energy_j"]
+    steps = sum(w.data.get("steps") or 0 for w in wins[1:])
+    assert sec["joules_per_step"] == pytest.approx(joules / steps, rel=0.05)
+
+
+def test_an_unknown_flops_dtype_falls_back_to_the_recorded_settings():
+    samples = sorted(RecordingReader(str(GPT_BF16)).all_samples(), key=lambda s: s.t)
+    good = ef.efficiency(ef.group(samples))
+    # What a probe that found no tensor in an op's arguments sent: every FLOP under "?".
+    unknown = [Sample(s.t, s.kind, s.key, {**s.data, "flops_dtype": "?",
+                                           "flops_by_dtype": {"?": s.data["flops_per_step"]}})
+               if s.kind == "probe_step" and s.data.get("flops_per_step") else s for s in samples]
+    res = ef.efficiency(ef.group(unknown))
+    r = res["ranks"][0]
+    assert r["dtype"] == "bf16" and r["dtype_note"] == ef.FROM_SETTINGS
+    assert res["mfu"] == pytest.approx(good["mfu"]) and res["mfu"] is not None
+    assert ef.FROM_SETTINGS in ef.mfu_words(res) and ef.FROM_SETTINGS in "\n".join(ef.report_lines(res))
+    assert ef.settings_dtype({"amp_autocast": [], "optimizer": {"param_dtypes": ["float32"]},
+                              "tf32_matmul": True}) == "tf32"
+    assert ef.settings_dtype({"amp_autocast": ["cpu:bfloat16", "cuda:float16"]}) == "fp16"
+    assert ef.settings_dtype({}) is None
+
+
+def test_the_probe_finds_the_dtype_anywhere_in_an_op_and_else_takes_the_settings():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gputop.probe.flops import _dtype_counter, _dtype_tensor
+    x, w = torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.float16)
+    assert _dtype_tensor(None, ([x],), {}) is x                       # nested in a list
+    assert _dtype_tensor(None, (torch.zeros(2, dtype=torch.long),), {"mat2": w}) is w   # by keyword
+    assert _dtype_tensor(torch.ones(1), (3, "a"), {}).dtype == torch.float32           # the output
+    assert _dtype_tensor(None, (), {}) is None
+    # A counter call that hands over no tensor at all (a kernel counted by name, as torch's
+    # triton path does): the FLOPs go to the settings' dtype, never to "?".
+    mode = _dtype_counter(FlopCounterMode)(display=False, custom_mapping={torch.ops.aten.mm: lambda *a, **k: 100})
+    mode.gputop_tf32, mode.gputop_by_dtype, mode.gputop_settings_dtype = (False, False), {}, "bf16"
+    mode._count_flops(torch.ops.aten.mm, None, (), {})
+    assert mode.gputop_by_dtype == {"bf16": 100}

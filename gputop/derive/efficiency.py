@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from gputop import gpu_peaks
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROBE_STEP, MetricSpec
 from gputop.derive.steps import pool_steps
+from gputop.probe.flops import DTYPE_CLASS
 
+FROM_SETTINGS = "dtype from the job's settings"
 WINDOW_S = 10.0             # the live views and the exporter: the newest 10 s (as the verdicts pool)
 J_PER_KWH = 3.6e6
 METHOD_COUNTER = "energy counter"
@@ -78,6 +80,33 @@ def flops_per_step(windows) -> tuple[int | None, dict, str | None]:
             return None, {}, str(s.data["flops_off"])
     return None, {}, ("no probe window in this span" if not windows
                         else "the probe sent no FLOP count: a gputop older than the count")
+
+
+def settings_dtype(cfg: dict) -> str | None:
+    """The compute dtype the job's recorded settings (probe_config) say: an autocast bf16/fp16
+    region (the CUDA one first), else the parameters' dtype (fp32 as tf32 where TF32 matmuls
+    are on). For a count whose ops carried no dtype ("?", from a probe before the fix)."""
+    auto = cfg.get("amp_autocast") if isinstance(cfg.get("amp_autocast"), list) else []
+    for a in sorted((str(a) for a in auto), key=lambda a: not a.startswith("cuda")):
+        c = DTYPE_CLASS.get(a.partition(":")[2])
+        if c in ("bf16", "fp16"):
+            return c
+    opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
+    dts = opt.get("param_dtypes") if isinstance(opt.get("param_dtypes"), list) else []
+    c = DTYPE_CLASS.get(str(dts[0])) if dts else None
+    return "tf32" if c == "fp32" and cfg.get("tf32_matmul") is True else c
+
+
+def with_known_dtype(by: dict, cfg: dict) -> tuple[dict, str | None]:
+    """``by`` with its unknown-dtype FLOPs ("?" or a name the peak table lacks) given the
+    settings' dtype, and a note saying so (None when every dtype was known)."""
+    unknown = [k for k in by if k not in gpu_peaks.DTYPES and k != "fp64"]
+    guess = settings_dtype(cfg) if unknown else None
+    if not guess:
+        return by, None
+    out = {k: v for k, v in by.items() if k not in unknown}
+    out[guess] = out.get(guess, 0) + sum(by[k] for k in unknown)
+    return out, FROM_SETTINGS
 
 
 def achieved_flops_per_s(flops: int | None, steps_per_s: float | None) -> float | None:
@@ -159,12 +188,14 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
         cfg = cfg[-1].data if cfg else {}
         dev = cfg.get("device_name") or (names[0] if len(names) == 1 else None)
         flops, by, why = flops_per_step(windows)
+        by, dtype_note = with_known_dtype(by, cfg)
         sps = pool.steps_per_training_s
         achieved = achieved_flops_per_s(flops, sps)
         peak, peak_src = effective_peak(dev, by) if flops else (None, why or "no FLOP count")
         ranks.append({"pid": pid, "rank": windows[-1].data.get("rank"), "device_name": dev,
                       "flops_per_step": flops, "flops_by_dtype": by or None,
-                      "dtype": max(by, key=by.get) if by else None, "flops_off": why,
+                      "dtype": max(by, key=by.get) if by else None, "dtype_note": dtype_note,
+                      "flops_off": why,
                       "steps_per_s": sps, "steps_per_observed_s": pool.steps_per_observed_s,
                       "samples_per_s": pool.samples_per_s,
                       "achieved_tflops": achieved / 1e12 if achieved is not None else None,
@@ -256,8 +287,9 @@ def mfu_words(res: dict) -> str:
     ranks = res.get("ranks") or []
     peak = sum(r["peak_tflops"] for r in ranks)
     dts = sorted({r["dtype"] for r in ranks if r.get("dtype")})
+    note = f", {FROM_SETTINGS}" if any(r.get("dtype_note") for r in ranks) else ""
     return (f"MFU {res['mfu'] * 100:.1f}% ({res['achieved_tflops']:.3g} of {peak:.4g} TFLOP/s "
-            f"{'/'.join(dts)} dense){gpm}")
+            f"{'/'.join(dts)} dense{note}){gpm}")
 
 
 def energy_words(res: dict) -> str:
@@ -302,6 +334,8 @@ def report_lines(res: dict) -> list[str]:
         by = r.get("flops_by_dtype") or {}
         mix = ", ".join(f"{k} {v / r['flops_per_step'] * 100:.0f}%"
                         for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+        if r.get("dtype_note"):
+            mix += f"; {r['dtype_note']}"
         out.append(f"  {who}: {fmt_flops(r['flops_per_step'])}/step ({mix}) x {r['steps_per_s']:.3g} steps/s = "
                    f"{r['achieved_tflops']:.3g} TFLOP/s on {r.get('device_name') or 'an unknown GPU'}")
         out.append(f"    peak: {r['peak_tflops']:.4g} TFLOP/s dense" if r.get("peak_tflops") is not None

@@ -18,9 +18,16 @@ Where it cannot be right it says n/a with the reason: once ``torch.compile`` is 
 regions run as fused kernels the dispatcher does not see, so the count would be short), inside
 a CUDA-graph capture, and before torch has a FlopCounterMode (< 2.1).
 
-The compute dtype is taken from the counted ops themselves: the dtype of each op's first tensor
-input, FLOP-weighted, with float32 matmuls counted as ``tf32`` when
-``torch.backends.cuda.matmul.allow_tf32`` is on (convolutions: ``cudnn.allow_tf32``) on CUDA.
+A count made before ``torch.compile`` was first called is withdrawn when it is called (the
+window says n/a from then on, whether or not a step or a new shape follows): the compiled code
+may replace any part of the step, and the probe cannot tell which.
+
+The compute dtype is taken from the counted ops themselves, FLOP-weighted: the dtype of the op's
+first floating tensor among all leaves of args and kwargs (autocast sits above the dispatch mode,
+so the inputs seen here are already cast), else of its output; float32 matmuls count as ``tf32`` when
+``torch.backends.cuda.matmul.allow_tf32`` is on (convolutions: ``cudnn.allow_tf32``) on CUDA. An
+op with no tensor in sight (a counter that hands over no tensors) gets the dtype of the job's
+settings (autocast dtype, else the parameters' dtype), never "?".
 
 Imports: the standard library only (torch is handed in by torch_hooks).
 """
@@ -139,9 +146,12 @@ class FlopCounter:
         self.stop()
         self.off = "a forked child (a DataLoader worker): not counted"
 
-    def _cannot_count(self) -> str | None:
+    def _compiled(self) -> bool:
         th = self.p.torch_hooks
-        if th is not None and (th.compile_count or _dynamo_graphs()):
+        return bool((th is not None and th.compile_count) or _dynamo_graphs())
+
+    def _cannot_count(self) -> str | None:
+        if self._compiled():
             return COMPILED_WHY
         torch = self.torch
         try:
@@ -157,6 +167,7 @@ class FlopCounter:
         mode.gputop_tf32 = (_flag(lambda: torch.backends.cuda.matmul.allow_tf32),
                             _flag(lambda: torch.backends.cudnn.allow_tf32))
         mode.gputop_by_dtype = {}
+        mode.gputop_settings_dtype = self._dtype_from_settings()
         th = self.p.torch_hooks
         self._compiles_at_start = th.compile_count if th is not None else 0
         self._seen_shape = None
@@ -206,6 +217,11 @@ class FlopCounter:
 
     # -- probe thread ---------------------------------------------------------------------------
     def message(self) -> dict:
+        if self.flops is not None and self._mode is None and self._compiled():
+            # torch.compile was called after the count: withdrawn here, at once, rather than at
+            # the next boundary with a new shape (which may never come, or come unmonitored).
+            return {"flops": None, "by_dtype": {}, "dtype": None, "step": self.step, "count_ms": self.count_ms,
+                    "counts": self.counts, "varies": self.varies, "off": COMPILED_WHY}
         by = dict(self.by_dtype) if self.flops is not None else {}
         main = max(by, key=by.get) if by else None
         return {"flops": self.flops, "by_dtype": by, "dtype": main, "step": self.step, "count_ms": self.count_ms,
@@ -230,6 +246,26 @@ def _dynamo_graphs() -> int:
         return 0
 
 
+def _dtype_tensor(out, args, kwargs):
+    """The tensor whose dtype is the op's compute dtype: the first floating leaf of args, then of
+    kwargs (inputs, not the output: an fp8 matmul writes bf16), then of the output (tensors nested
+    in lists, or passed by keyword, are found too)."""
+    try:
+        from torch.utils._pytree import tree_leaves
+        leaves = (tree_leaves(args), tree_leaves(kwargs), tree_leaves(out))
+    except Exception:
+        leaves = (tuple(args), tuple(kwargs.values()), (out,))
+    for group in leaves:
+        for a in group:
+            if getattr(a, "is_floating_point", None) is not None and hasattr(a, "device"):
+                try:
+                    if a.is_floating_point():
+                        return a
+                except Exception:
+                    continue
+    return None
+
+
 def _dtype_counter(base):
     """FlopCounterMode that also adds each op's FLOPs to its dtype class (see the module doc)."""
 
@@ -240,10 +276,13 @@ def _dtype_counter(base):
             r = super()._count_flops(func_packet, out, args, kwargs)
             added = glob.get(func_packet, 0) - before
             if added:
-                t = next((a for a in args if hasattr(a, "dtype") and hasattr(a, "device")), None)
-                name = str(t.dtype).replace("torch.", "") if t is not None else "?"
-                cls = DTYPE_CLASS.get(name, name)
-                if cls == "fp32" and t.device.type == "cuda":
+                t = _dtype_tensor(out, args, kwargs)
+                if t is None:
+                    cls = self.gputop_settings_dtype
+                else:
+                    name = str(t.dtype).replace("torch.", "")
+                    cls = DTYPE_CLASS.get(name, name)
+                if cls == "fp32" and t is not None and t.device.type == "cuda":
                     conv = str(func_packet).split(".")[-1] in CONV_OPS
                     if self.gputop_tf32[1 if conv else 0]:
                         cls = "tf32"

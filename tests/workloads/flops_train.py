@@ -62,7 +62,10 @@ class Flagged(torch.utils.data.Dataset):
 B, dims = 16, [64, 256, 256, 10]
 mlp = nn.Sequential(nn.Linear(dims[0], dims[1]), nn.ReLU(), nn.Linear(dims[1], dims[2]), nn.ReLU(),
                     nn.Linear(dims[2], dims[3]))
-opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+# One optimizer for all phases: the probe's steps come from a *lead* optimizer, replaced only
+# after it has been quiet for LEAD_OPTIMIZER_QUIET_S (2 s); a second optimizer taking over at a
+# phase change would leave that phase's first seconds (on a fast run: all of it) without steps.
+opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
 layers = list(zip(dims[:-1], dims[1:]))
 fwd = sum(2 * B * i * o for i, o in layers)
 bwd_w = sum(2 * B * i * o for i, o in layers)               # weight gradients, every layer
@@ -105,7 +108,8 @@ emb = nn.Embedding(V, D)
 blocks = nn.Sequential(*[Block(D, H) for _ in range(L)])
 head = nn.Linear(D, V, bias=False)
 gpt = nn.ModuleList([emb, blocks, head])
-opt2 = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+opt.add_param_group({"params": list(gpt.parameters())})
+opt2 = opt
 matmul_params = sum(m.weight.numel() for m in gpt.modules() if isinstance(m, nn.Linear))
 tokens = BT * T
 out["gpt_matmul_params"] = matmul_params
@@ -126,6 +130,8 @@ mark("gpt_done")
 
 # -- phase 3: torch.compile in use, new shape: n/a -------------------------------------------------
 compiled = torch.compile(mlp)   # never run: the probe only has to know compile is in use
+# Before any further step or batch: the earlier (eager) count is withdrawn at once.
+out["off_right_after_compile"] = gputop.probe._PROBE.flops.message()["off"]
 ds3 = TensorDataset(torch.randn(8 * args.steps, dims[0]), torch.randint(0, 10, (8 * args.steps,)))
 for x, y in DataLoader(ds3, batch_size=8):
     opt.zero_grad()
