@@ -171,6 +171,15 @@ def _mean(vals) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _training_span(steps: dict) -> tuple[float, float] | None:
+    """From the start of the first probe window that timed a step to the end of the last one."""
+    timed = [w for windows in steps.values() for w in windows if (_num(w.data.get("steps")) or 0) > 0]
+    if not timed:
+        return None
+    first = min(timed, key=lambda w: w.t)
+    return first.t - (_num(first.data.get("window_s")) or 0.0), max(w.t for w in timed)
+
+
 def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
     """Everything above for one span of samples, JSON-able (docs/report.md, "efficiency")."""
     steps = by_kind.get(KIND_PROBE_STEP, {})
@@ -213,8 +222,11 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
         out["mfu_off"] = (next((r["mfu_off"] for r in ranks if r["mfu_off"]), None)
                           or ("no probe: FLOPs per step come from the in-process probe (gputop run)"
                               if not steps else "no training steps in this span"))
-    # GPM cross-check: the tensor pipes' activity on the job's GPUs over the same span.
-    out["tensor_active_pct"] = _mean(_mean(_num(s.data.get("tensor_active")) for s in gpus.get(k, []))
+    # GPM cross-check: the tensor pipes' activity on the job's GPUs over the span MFU divides by
+    # (the probe windows that timed steps: start-up and the end are not training time).
+    span = _training_span(steps)
+    out["tensor_active_pct"] = _mean(_mean(_num(s.data.get("tensor_active")) for s in gpus.get(k, [])
+                                           if span is None or span[0] <= s.t <= span[1])
                                      for k in used)
     # Energy, per GPU of the job.
     job_sps = _mean(r["steps_per_observed_s"] for r in ranks)
