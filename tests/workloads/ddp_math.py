@@ -1,10 +1,17 @@
-"""Two-rank DDP on gloo: a few steps, then a hash of the parameters (tests/test_ddp_collectives.py).
+"""Two-rank DDP on gloo: the same few steps three times, then a hash of the parameters of each
+(tests/test_ddp_collectives.py).
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/workloads/ddp_math.py OUT [--probe] [--user-hook]
+    python -m torch.distributed.run --nproc-per-node 2 tests/workloads/ddp_math.py OUT
 
---probe installs gputop's probe first (its DDP hook goes in at the first forward); --user-hook
-registers the job's own comm hook after the first forward (it must run, in the probe's place).
-Prints nothing; rank 0 writes OUT: {"hash", "user_hook_calls", "ddp_comm"}.
+One job runs all three (each rank imports torch once, which is most of the cost):
+
+1. plain: before gputop's probe is loaded;
+2. probed: after ``gputop.probe.install()`` (its DDP hook goes in at the model's first forward);
+3. user: probed, and the job registers its own comm hook after the first forward (it must run,
+   in the probe's place).
+
+Each starts from the same parameters and sees the same batches. Prints nothing; rank 0 writes
+OUT: {"plain", "probed", "user" (hashes), "user_hook_calls", "ddp_comm"}.
 """
 
 import hashlib
@@ -14,36 +21,45 @@ import sys
 import torch
 import torch.distributed as dist
 
-probe = None
-if "--probe" in sys.argv:
-    import gputop.probe
-    probe = gputop.probe.install()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-torch.manual_seed(rank)          # different data per rank: the all-reduce matters
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
-torch.manual_seed(0)
-for p in model.parameters():
-    torch.nn.init.normal_(p)
-ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.004)   # several buckets
-opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-calls = [0]
-for step in range(5):
-    x = torch.randn(8, 32) * (rank + 1)
-    loss = ddp(x).pow(2).mean()
-    if step == 0 and "--user-hook" in sys.argv:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        def counting(state, bucket):
-            calls[0] += 1
-            return default_hooks.allreduce_hook(state, bucket)
-        ddp.register_comm_hook(None, counting)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+def train(user_hook: bool = False) -> tuple[str, int]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.004)   # several buckets
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(rank)      # different data per rank: the all-reduce matters
+    calls = [0]
+    for step in range(5):
+        x = torch.randn(8, 32, generator=data) * (rank + 1)
+        loss = ddp(x).pow(2).mean()
+        if step == 0 and user_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            def counting(state, bucket):
+                calls[0] += 1
+                return default_hooks.allreduce_hook(state, bucket)
+            ddp.register_comm_hook(None, counting)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    return h, calls[0]
+
+
+plain, _ = train()
+import gputop.probe  # noqa: E402  (loaded here on purpose: the first run is without it)
+
+probe = gputop.probe.install()
+probed, _ = train()
+ddp_comm = probe.hooks.get("ddp_comm")
+user, user_calls = train(user_hook=True)
 if rank == 0:
     with open(sys.argv[1], "w") as f:
-        json.dump({"hash": h, "user_hook_calls": calls[0],
-                   "ddp_comm": probe.hooks.get("ddp_comm") if probe is not None else None}, f)
+        json.dump({"plain": plain, "probed": probed, "user": user, "user_hook_calls": user_calls,
+                   "ddp_comm": ddp_comm}, f)
 dist.destroy_process_group()

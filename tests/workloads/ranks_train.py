@@ -34,6 +34,8 @@ Flags:
   --slow-ms MS      extra time per step on the slow rank (default 50)
   --slow-mode M     sleep | cpu (default sleep)
   --slow-at W       sync | backward (default sync; see above)
+  --slow-after S    the slow rank is slow only after S seconds of training (default 0): one job
+                    is first balanced, then has a straggler; it prints {"slow_from": wall time}
   --step-ms MS      CPU work per step on every rank, on top of the model (default 2)
   --grad-sync S     ddp (default: torch's DistributedDataParallel) | allreduce (one
                     ``dist.all_reduce`` of the flattened gradients after backward: the same
@@ -102,6 +104,7 @@ def main() -> int:
     ap.add_argument("--slow-ms", type=float, default=50.0)
     ap.add_argument("--slow-mode", choices=("sleep", "cpu"), default="sleep")
     ap.add_argument("--slow-at", choices=("sync", "backward"), default="sync")
+    ap.add_argument("--slow-after", type=float, default=0.0)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--grad-sync", choices=("ddp", "allreduce"), default="ddp")
@@ -154,6 +157,7 @@ def main() -> int:
     loader = tud.DataLoader(Batches(args.dim), batch_size=args.batch_size, num_workers=args.workers,
                             persistent_workers=args.workers > 0)
     slow = rank == args.slow_rank
+    slowing = slow and args.slow_after <= 0
     load = torch.randn(4096, 4096, device=device) if args.gpu_matmuls and device.type == "cuda" else None
     stop_flag = torch.zeros(1, device=device)
 
@@ -184,7 +188,10 @@ def main() -> int:
                     z = torch.tanh(z @ load)
         if args.step_ms > 0:
             _spin(args.step_ms / 1000.0)
-        if slow and args.slow_at == "backward":
+        if slow and not slowing and time.monotonic() - t_start >= args.slow_after:
+            slowing = True
+            say(slow_from=time.time())
+        if slowing and args.slow_at == "backward":
             slow_work()
         loss.backward()          # DDP's gradient all-reduce (--slow-at backward: fast ranks wait here)
         if args.grad_sync == "allreduce":
@@ -195,7 +202,7 @@ def main() -> int:
             torch.nn.utils.vector_to_parameters(flat, grads)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if slow and args.slow_at == "sync":
+        if slowing and args.slow_at == "sync":
             slow_work()
         steps += 1
         now = time.monotonic()
