@@ -195,7 +195,7 @@ PHASE_RULES: tuple[FrameRule, ...] = (
     _f(TRAIN, "torch/_tensor.py", "backward"),
     _f(TRAIN, "torch/autograd/graph.py", "_engine_run_backward"),
     # (the optimizer's step and zero_grad; constructing one is set-up, not training)
-    _f(TRAIN, "torch/optim/optimizer.py", "wrapper _use_grad step zero_grad"),
+    _f(TRAIN, "torch/optim/optimizer.py", "profile_hook_step.<locals>.wrapper _use_grad step zero_grad"),
     _f(TRAIN, "transformers/trainer.py", "training_step _inner_training_loop"),
     _f(TRAIN, "accelerate/accelerator.py", "backward"),
     _f(TRAIN, "lightning/pytorch/loops/training_epoch_loop.py", ""),
