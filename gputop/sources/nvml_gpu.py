@@ -6,11 +6,14 @@ newer one says "driver too old", and gives None (the reason noted) instead of ra
 from __future__ import annotations
 
 import math
+import time
 
 from gputop.model import clean_float
 from gputop.sources.gpm import _Gpm
 from gputop.sources.nvml_errors import _is_too_old, nv
 from gputop.sources.nvml_fields import CLOCK_EVENT_REASONS, GPM_FIELDS
+
+ENERGY_EVERY_S = 5.0   # how often the slow loop reads the total energy counter
 
 # The fields and clock-event reasons are in nvml_fields.py (no pynvml needed); their bits here.
 
@@ -59,6 +62,7 @@ class _Gpu:
         self.mem_total: int | None = None
         self.pcie_pending: tuple[float | None, float | None] | None = None  # from the slow loop
         self.energy_pending: float | None = None   # J, from the slow loop (one fast sample carries it)
+        self.energy_next_at = 0.0                  # monotonic time of the next energy reading
         self.proc_util_ts = 0
         self.lost = False
         self.watched = False
@@ -136,9 +140,15 @@ class GpuReadings:
 
     def _read_energy(self, gpu: _Gpu) -> None:
         """The total energy counter (mJ since the driver loaded, Volta and newer). It costs ~3 ms
-        (p90 ~7 ms) per call, so the slow loop reads it; the next fast sample carries it."""
+        (p90 ~7 ms) per call, so the slow loop reads it, every ENERGY_EVERY_S only (at 1 Hz it
+        was 0.3% of a core on the H200; a counter loses nothing between readings); the next
+        fast sample carries it."""
         if "energy_j" in gpu.na or gpu.lost:
             return
+        now = time.monotonic()
+        if now < gpu.energy_next_at:
+            return
+        gpu.energy_next_at = now + ENERGY_EVERY_S
         fn = getattr(nv, "nvmlDeviceGetTotalEnergyConsumption", None)
         if fn is None:
             self._set_na(gpu, ("energy_j",), "nvidia-ml-py too old (no nvmlDeviceGetTotalEnergyConsumption)")
