@@ -1,5 +1,6 @@
 """The stall snapshot on a real CPU job (tests/workloads/stall_train.py, launched with the probe
-as `gputop run` does): the main thread sleeps in a function, then waits on a threading.Lock
+as `gputop run` does; plain Python steps marked with ``gputop.probe.step()``, no torch): the
+main thread sleeps in a function, then waits on a threading.Lock
 another thread holds. Each is named `stalled` within the stated time, the snapshot names the
 right file:line of every thread, the job is never paused while it is dumped (its ticker thread
 keeps counting), the verdict clears when steps resume, and it is not named during start-up or

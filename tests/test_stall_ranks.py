@@ -19,7 +19,7 @@ CLEARS_WITHIN_S = 1.0 + 1.0 + 5.0 + 1.0 + 3.5
 
 
 STALL_JOBS = {"ranks": {"args": ["--launch-ranks", "2", "--scenes", "collective", "--stall-s", "8",
-                                 "--first-train-s", "4", "--train-s", "7"]}}
+                                 "--train-s", "7"]}}
 
 
 @pytest.fixture(scope="module")
