@@ -105,7 +105,8 @@ def stall_job(request, tmp_path_factory, name: str) -> dict:
     global _POOL
     with _START_LOCK:
         specs: dict[str, dict] = {}
-        for module in dict.fromkeys(item.module for item in request.session.items if item.module is not None):
+        modules = (getattr(item, "module", None) for item in request.session.items)   # (a doctest has none)
+        for module in dict.fromkeys(m for m in modules if m is not None):
             specs.update(getattr(module, "STALL_JOBS", {}))
         specs.update(getattr(request.module, "STALL_JOBS", {}))
         todo = {n: spec for n, spec in specs.items() if n not in _STARTED}
