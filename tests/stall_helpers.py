@@ -10,7 +10,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from gputop.derive.budget_processor import BudgetProcessor
 from gputop.derive.stall import StallDetector
@@ -87,6 +89,33 @@ def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0, probe:
             "ticks": read_ticks(ticks) if ticks.exists() else [],
             "rank_ticks": {int(p.suffix[1:]): read_ticks(p) for p in tmp.glob("ticks.txt.*")},
             "recording": rec}
+
+
+# Every stall job the collected tests need runs at the same time (most of each one's time is
+# waiting: start-up, training, the stop, the threshold), each watched by its own session; a test
+# module names its jobs in STALL_JOBS = {name: run_job's keyword arguments but tmp} and its
+# fixture waits only for its own.
+_STARTED: dict[str, Future] = {}
+_START_LOCK = threading.Lock()
+_POOL: ThreadPoolExecutor | None = None
+
+
+def stall_job(request, tmp_path_factory, name: str) -> dict:
+    """The finished job ``name``; the first call starts every job of every collected module."""
+    global _POOL
+    with _START_LOCK:
+        specs: dict[str, dict] = {}
+        modules = (getattr(item, "module", None) for item in request.session.items)   # (a doctest has none)
+        for module in dict.fromkeys(m for m in modules if m is not None):
+            specs.update(getattr(module, "STALL_JOBS", {}))
+        specs.update(getattr(request.module, "STALL_JOBS", {}))
+        todo = {n: spec for n, spec in specs.items() if n not in _STARTED}
+        if todo:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(8, thread_name_prefix="stall-job")
+            for n, spec in todo.items():
+                _STARTED[n] = _POOL.submit(run_job, tmp_path_factory.mktemp(n), **spec)
+    return _STARTED[name].result()
 
 
 def of_kind(samples, kind, key=None):

@@ -1,5 +1,6 @@
 """The stall snapshot on a real CPU job (tests/workloads/stall_train.py, launched with the probe
-as `gputop run` does): the main thread sleeps in a function, then waits on a threading.Lock
+as `gputop run` does; plain Python steps marked with ``gputop.probe.step()``, no torch): the
+main thread sleeps in a function, then waits on a threading.Lock
 another thread holds. Each is named `stalled` within the stated time, the snapshot names the
 right file:line of every thread, the job is never paused while it is dumped (its ticker thread
 keeps counting), the verdict clears when steps resume, and it is not named during start-up or
@@ -17,7 +18,7 @@ import pytest
 from gputop.catalogue import KIND_STALL, KIND_STALL_SNAPSHOT
 from gputop.derive.stall import describe_snapshot, snapshot_lines
 from gputop.session.recording import RecordingReader
-from stall_helpers import MIN_S, marker_line, of_kind, run_job, scene
+from stall_helpers import MIN_S, marker_line, of_kind, scene, stall_job
 
 # the stated time: the threshold, plus up to one probe window (~1 s) before the last step is
 # known, one detector interval, the engine's ENTER_S (1.5 s) and its interval; slack for a
@@ -26,16 +27,15 @@ NAMED_WITHIN_S = MIN_S + 1.0 + 1.0 + 1.5 + 1.0 + 2.5
 CLEARS_WITHIN_S = 1.0 + 1.0 + 5.0 + 1.0 + 2.5       # a window, the detector, LEAVE_S, the engine, slack
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    # the two jobs run side by side, each watched by its own session (the test stays short)
-    from concurrent.futures import ThreadPoolExecutor
+# no torch in these two (--plain: marker steps); the training before the stop only has to give
+# the detector a median step time. They run beside the other stall tests' jobs (stall_helpers).
+STALL_JOBS = {name: {"args": ["--plain", "--scenes", name, "--stall-s", "7", "--first-train-s", "3",
+                              "--train-s", "7", "--startup-s", "1.5"]} for name in ("sleep", "lock")}
 
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(run_job, tmp_path_factory.mktemp(name),
-                                     ["--scenes", name, "--stall-s", "7", "--train-s", "7", "--startup-s", "1.5"])
-                   for name in ("sleep", "lock")}
-        return {name: f.result() for name, f in futures.items()}
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    return {name: stall_job(request, tmp_path_factory, name) for name in STALL_JOBS}
 
 
 def changes(job, vid="stalled"):

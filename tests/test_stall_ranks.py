@@ -12,16 +12,19 @@ import pytest
 
 from gputop.catalogue import KIND_STALL_SNAPSHOT
 from gputop.derive.stall import describe_snapshot, snapshot_lines
-from stall_helpers import MIN_S, marker_line, of_kind, run_job, scene
+from stall_helpers import MIN_S, marker_line, of_kind, scene, stall_job
 
 NAMED_WITHIN_S = MIN_S + 1.0 + 1.0 + 1.5 + 1.0 + 3.5   # as tests/test_stall.py, more slack for two ranks
 CLEARS_WITHIN_S = 1.0 + 1.0 + 5.0 + 1.0 + 3.5
 
 
+STALL_JOBS = {"ranks": {"args": ["--launch-ranks", "2", "--scenes", "collective", "--stall-s", "8",
+                                 "--train-s", "7"]}}
+
+
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return run_job(tmp_path_factory.mktemp("ranks"), ["--launch-ranks", "2", "--scenes", "collective",
-                                                      "--stall-s", "8", "--train-s", "7"])
+def job(request, tmp_path_factory):
+    return stall_job(request, tmp_path_factory, "ranks")   # started beside the other stall jobs
 
 
 def test_the_blocked_collective_is_named_stalled_and_clears(job):

@@ -15,7 +15,7 @@ from gputop.derive.budget_processor import BudgetProcessor
 from gputop.derive.stall import StallDetector, describe_snapshot
 from gputop.derive.threads import ThreadStateProcessor
 from gputop.session.whole_replay import replay_whole
-from stall_helpers import marker_line, of_kind, run_job, scene
+from stall_helpers import marker_line, of_kind, scene, stall_job
 
 STACK_MIN_S = 4.0   # py-spy windows (2 s) arrive after they end: the floor leaves room for that
 # From stacks a "step" is the gap between runs of training samples, which py-spy's ~20 Hz cannot
@@ -24,11 +24,13 @@ STACK_MIN_S = 4.0   # py-spy windows (2 s) arrive after they end: the floor leav
 STACK_FACTOR = 5.0
 
 
+STALL_JOBS = {"stacks": {"args": ["--scenes", "sleep", "--stall-s", "10", "--train-s", "7", "--step-ms", "0"],
+                         "probe": False, "min_s": STACK_MIN_S, "factor": STACK_FACTOR}}
+
+
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return run_job(tmp_path_factory.mktemp("stacks"), ["--scenes", "sleep", "--stall-s", "10", "--train-s", "7",
-                                                       "--step-ms", "0"], probe=False, min_s=STACK_MIN_S,
-                   factor=STACK_FACTOR)
+def job(request, tmp_path_factory):
+    return stall_job(request, tmp_path_factory, "stacks")   # started beside the other stall jobs
 
 
 def test_stack_steps_name_the_stop_stalled_and_clear(job):

@@ -10,7 +10,10 @@ probe counts steps at optimizer.step). Its scenes, in order, each --stall-s long
   collective  (--world-size 2) rank 1 sleeps in ``rank_elsewhere()`` (STALL-ELSEWHERE) while
               rank 0 waits in ``dist.all_reduce`` (STALL-ALLREDUCE), gloo
 
---scenes picks them (default: sleep,lock). Before the first step it sleeps --startup-s (a
+--scenes picks them (default: sleep,lock). --first-train-s sets the training before the first
+scene only (default: --train-s). --plain drops torch: a step is a little pure-Python work marked
+with ``gputop.probe.step()`` (the sleep and lock scenes are not about torch, and importing it
+costs seconds on a loaded machine). Before the first step it sleeps --startup-s (a
 start-up with no step yet). A ticker thread counts every millisecond and, with --ticks PATH,
 writes "monotonic_time count" lines to PATH every 10 ms, so a test can see that the process
 never stopped while it was dumped. --events PATH gets one JSON line per scene start and end
@@ -80,12 +83,61 @@ def launch(n: int, argv: list[str]) -> int:
     return max(p.wait() for p in procs)
 
 
+def run_scenes(a, train, event, collective=None) -> None:
+    """The start-up, then each scene with training before and after it."""
+    time.sleep(a.startup_s)
+    event(scene="training")
+    train(a.train_s if a.first_train_s is None else a.first_train_s)
+    for scene in a.scenes.split(","):
+        event(scene=scene, start=True)
+        if scene == "sleep":
+            stuck_in_sleep(a.stall_s)
+        elif scene == "lock":
+            lock, held = threading.Lock(), threading.Event()
+            threading.Thread(target=hold_the_lock, args=(lock, a.stall_s, held), name="holder", daemon=True).start()
+            held.wait()
+            wait_for_lock(lock)
+        elif scene == "collective" and collective is not None:
+            collective()
+        event(scene=scene, end=True)
+        train(a.train_s)
+
+
+def plain(a) -> int:
+    """The scenes without torch: each step is a little arithmetic and a --step-ms sleep, marked
+    with the probe's ``step()`` (already imported by the launcher's sitecustomize)."""
+    probe = sys.modules.get("gputop.probe")
+    ticker = Ticker(a.ticks)
+    ticker.start()
+    events = open(a.events, "a") if a.events else None
+
+    def event(**kw) -> None:
+        if events is not None:
+            events.write(json.dumps({"t": time.monotonic(), "rank": 0, **kw}) + "\n")
+            events.flush()
+
+    def train(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(i * i for i in range(a.dim * 32))
+            time.sleep(a.step_ms / 1000.0)
+            if probe is not None:
+                probe.step()
+
+    run_scenes(a, train, event)
+    event(scene="done", ticks=ticker.count)
+    sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenes", default="sleep,lock")
     ap.add_argument("--stall-s", type=float, default=8.0)
     ap.add_argument("--train-s", type=float, default=4.0)
+    ap.add_argument("--first-train-s", type=float, default=None, help="training before the first scene")
     ap.add_argument("--startup-s", type=float, default=0.0)
+    ap.add_argument("--plain", action="store_true", help="no torch: marker steps (not with ranks or cuda)")
     ap.add_argument("--step-ms", type=float, default=20.0, help="host time per step on top of the model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dim", type=int, default=64)
@@ -99,6 +151,8 @@ def main() -> int:
         i = argv.index("--launch-ranks")
         del argv[i:i + 2]
         return launch(a.launch_ranks, argv)
+    if a.plain:
+        return plain(a)
 
     import torch
 
@@ -147,24 +201,12 @@ def main() -> int:
         while not step(time.monotonic() >= end):
             pass
 
-    time.sleep(a.startup_s)
-    event(scene="training")
-    train(a.train_s)
-    for scene in a.scenes.split(","):
-        event(scene=scene, start=True)
-        if scene == "sleep":
-            stuck_in_sleep(a.stall_s)
-        elif scene == "lock":
-            lock, held = threading.Lock(), threading.Event()
-            threading.Thread(target=hold_the_lock, args=(lock, a.stall_s, held), name="holder", daemon=True).start()
-            held.wait()
-            wait_for_lock(lock)
-        elif scene == "collective":
-            if rank == 1:
-                rank_elsewhere(a.stall_s)
-            step()   # rank 0 waits in the all_reduce until rank 1 comes
-        event(scene=scene, end=True)
-        train(a.train_s)
+    def collective() -> None:
+        if rank == 1:
+            rank_elsewhere(a.stall_s)
+        step()   # rank 0 waits in the all_reduce until rank 1 comes
+
+    run_scenes(a, train, event, collective)
     event(scene="done", ticks=ticker.count)
     if dist is not None:
         dist.destroy_process_group()
