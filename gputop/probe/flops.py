@@ -79,6 +79,7 @@ class FlopCounter:
         self.varies = False
         self.off: str | None = "waiting for a monitor and the job's 3rd step"
         self._mode = None
+        self._stuck = None          # our mode, left under another one at a step end (_pop_stuck)
         self._start_n = 0
         self._start_t = 0.0
         self._thread = 0
@@ -100,6 +101,10 @@ class FlopCounter:
         if self._mode is not None:
             if threading.get_ident() == self._thread:
                 self._finish(n, now)
+            return
+        if self._stuck is not None:
+            if threading.get_ident() == self._thread:
+                self._pop_stuck()
             return
         if n < START_AT or not self.p.monitoring:
             return
@@ -126,10 +131,22 @@ class FlopCounter:
         else:
             self.armed = True
 
+    def _pop_stuck(self) -> None:
+        mode = self._stuck
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+            if _get_current_dispatch_mode() is getattr(mode, "mode", mode):
+                mode.__exit__(None, None, None)
+                self._stuck = None
+        except Exception:
+            self._stuck = None   # cannot tell: do not touch the job's mode stack again
+
     def stop(self) -> None:
         """A failure: count no more, and leave no mode of ours behind."""
         self.armed = self.watch_shapes = False
         self.flops = None
+        if self._stuck is not None:
+            self._pop_stuck()
         mode, self._mode = self._mode, None
         if mode is not None:
             try:
@@ -183,9 +200,12 @@ class FlopCounter:
         from torch.utils._python_dispatch import _get_current_dispatch_mode
         if _get_current_dispatch_mode() is not getattr(mode, "mode", mode):
             # Another mode was pushed inside the step and is still on top: popping ours now
-            # would pop that one. Leave the stack as the job has it; report no count.
+            # would pop that one. Report no count, and pop ours at the first step end where
+            # it is on top again (_pop_stuck): left pushed, it would send every later op of
+            # the job through Python for good.
             self.off = "another TorchDispatchMode was active at the step's end: no count"
             self.flops = None
+            self._stuck = mode
             return
         mode.__exit__(None, None, None)
         th = self.p.torch_hooks
