@@ -84,3 +84,16 @@ def test_a_spec_fills_in_its_findings_id_title_and_severity():
     assert (g.title, g.severity) == ("Clocks capped by power", "info")
     with pytest.raises(TypeError):
         Finding("x", "t", SEVERITY_WARNING, 1.0, 0.0, 1.0, {}, "a", "s")  # keywords only
+
+
+def test_prometheus_doc_lists_every_verdict_id_for_the_label():
+    """docs/prometheus.md's `verdict` label row names exactly the registry's ids (it had fallen
+    behind by six when verdicts were added)."""
+    import pathlib
+    import re
+
+    from gputop.verdicts.registry import VERDICT_IDS
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "prometheus.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `verdict` | verdict series |"))
+    assert re.findall(r"`([a-z0-9_]+)`", row.split("|")[3]) == list(VERDICT_IDS)

@@ -115,7 +115,9 @@ class Discovery:
         # The probe's default directories only: reading a job's environment for GPUTOP_PROBE_DIR
         # would need ptrace rights for every Python process on the node, every scan.
         for d in (wire.default_dir(uid), wire.fallback_dir({}, uid)):
-            if d and os.path.exists(wire.socket_path(d, pid)):
+            # the checks the probe client makes: a private directory, a socket of that user,
+            # never through a symlink (a planted one must not make a process look probed)
+            if d and wire.check_dir(d, uid) is None and wire.check_socket_file(wire.socket_path(d, pid), uid) is None:
                 return True
         return False
 

@@ -124,7 +124,16 @@ class Job:
             self.session.bus.subscribe(self.recorder)
         self.started_at = time.monotonic()
         self.ended_at: float | None = None
-        self.session.start()
+        try:
+            self.session.start()
+        except BaseException:
+            # a job that fails to start leaves nothing behind: no py-spy, threads or open segment
+            try:
+                self.session.stop({"stopped_by": "agent", "failed_to_start": True})
+            finally:
+                if self.recorder is not None:
+                    self.recorder.close({"stopped_by": "agent", "failed_to_start": True})
+            raise
         if self.target.ptrace_denied:
             log.info("job %s: %s; watched without its stacks", self.label, self.target.ptrace_denied)
 

@@ -228,18 +228,24 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
     out["tensor_active_pct"] = _mean(_mean(_num(s.data.get("tensor_active")) for s in gpus.get(k, [])
                                            if span is None or span[0] <= s.t <= span[1])
                                      for k in used)
-    # Energy, per GPU of the job.
-    job_sps = _mean(r["steps_per_observed_s"] for r in ranks)
+    # Energy, per GPU of the job: the session's joules and kWh over every sample; J/step and
+    # J/sample from the mean power over the training span (as MFU) / steps per training second,
+    # so start-up and the idle end do not count against the steps (one number: report, diff,
+    # live views and Prometheus all read it from here).
+    job_sps = _mean(r["steps_per_s"] for r in ranks)
     sample_rates = [r["samples_per_s"] for r in ranks]
     job_samples = sum(sample_rates) if sample_rates and all(v is not None for v in sample_rates) else None
     rows = []
     for k in used:
         e = gpu_energy(gpus.get(k, []))
+        et = gpu_energy([g for g in gpus.get(k, []) if span[0] <= g.t <= span[1]]) if span else e
+        if et.watts is None:
+            et = e
         kw = kwh(e.joules)
         rows.append({"gpu": k, "name": infos[k].data.get("name") if k in infos else None,
                      "joules": e.joules, "seconds": e.seconds, "method": e.method, "why": e.why,
-                     "watts": e.watts, "joules_per_step": joules_per(e.watts, job_sps), "kwh": kw,
-                     "co2e_g": emissions_g(kw, grid_g_per_kwh)})
+                     "watts": et.watts, "session_watts": e.watts, "joules_per_step": joules_per(et.watts, job_sps),
+                     "kwh": kw, "co2e_g": emissions_g(kw, grid_g_per_kwh)})
     out["gpus"] = rows
     watts = [r["watts"] for r in rows]
     all_w = sum(watts) if rows and all(w is not None for w in watts) else None
@@ -361,7 +367,7 @@ def report_lines(res: dict) -> list[str]:
         co2 = f", {g['co2e_g']:.3g} gCO2e" if g.get("co2e_g") is not None else ""
         jps = f", {g['joules_per_step']:.3g} J/step" if g.get("joules_per_step") is not None else ""
         out.append(f"    GPU{g['gpu']}: {g['joules'] / 1000:.4g} kJ = {g['kwh']:.4g} kWh over {g['seconds']:.0f} s, "
-                   f"{g['watts']:.0f} W mean{jps}{co2} ({g['method']})")
+                   f"{g['watts']:.0f} W mean while training{jps}{co2} ({g['method']})")
     if res.get("kwh") is not None:
         co2 = (f", {res['co2e_g']:.3g} gCO2e at {res['grid_g_per_kwh']:g} g/kWh" if res.get("co2e_g") is not None
                else " (emissions: gputop report --grid-intensity G, in gCO2e/kWh)")

@@ -266,16 +266,19 @@ def _gpu(a: Side, b: Side) -> list[dict]:
 
 
 def _energy(a: Side, b: Side) -> dict:
-    """Joules per training step. Here from power x time: the watched GPUs' summed mean board
-    power over the training part / steps per second. (An NVML total-energy counter, when a
-    recording has one, is the better source; this is where it would be read.)"""
-    out: dict = {"method": "power x time (mean board power over the training part / steps per s)"}
+    """Joules per training step: the report's own figure (derive/efficiency.py: the energy
+    counter where the recording has it, else power x time, over the training span), so the
+    diff shows the number `gputop report` shows."""
+    methods = []
+    out: dict = {}
     for key, s in (("a", a), ("b", b)):
-        power = s.gpu_means().get("power_w")
-        rate = s.pool.steps_per_training_s
-        out[key] = _r(power / rate, 3) if power is not None and rate else None
+        eff = s.report.get("efficiency") if isinstance(s.report.get("efficiency"), dict) else {}
+        out[key] = _r(eff.get("joules_per_step"), 3)
+        if eff.get("energy_method"):
+            methods.append(f"{key.upper()}: {eff['energy_method']}")
+    out["method"] = "; ".join(methods) or None
     if out["a"] is None and out["b"] is None:
-        out["why_none"] = "no GPU power readings with training steps in either recording"
+        out["why_none"] = "no energy per step in either recording (no probe steps, or no GPU power readings)"
     return out
 
 

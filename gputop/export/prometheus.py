@@ -39,7 +39,7 @@ from gputop.derive.budget_processor import PHASE_EVERY_S
 from gputop.derive.threads import STATES, STATE_LABELS
 from gputop.model import HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_HEALTH
 from gputop.sources import metric_specs
-from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, GPM_FIELDS
+from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, ENERGY_EVERY_S, GPM_FIELDS
 from gputop.verdicts.registry import VERDICT_IDS
 from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH_EVERY_S, MAX_CONNECTIONS,
                                       REQUEST_TIMEOUT_S, ServerCollector, bind_problem, listen)
@@ -66,8 +66,9 @@ PCT = 0.01
 
 # GPM fields: read on about 60% of GPU samples (>= 100 ms apart), so the newest non-None value.
 GPM_LATEST = frozenset({*GPM_FIELDS, "gpm_window_s"})
-# Read by the NVML slow loop (~1 Hz, jittered up to 4 s): in one GPU sample of ~10, the newest one.
-SLOW_GPU_FIELDS = {"energy_j": 5.0}
+# Read by the NVML slow loop every ENERGY_EVERY_S (its 1 Hz ticks jittered up to 4 s, then carried
+# by the next fast sample): the newest reading, served while younger than 2.5 of those intervals.
+SLOW_GPU_FIELDS = {"energy_j": 2.5 * ENERGY_EVERY_S}
 
 # Fields of the sources' METRICS (gputop.sources.metric_specs()) that are not numbers to plot.
 NOT_EXPORTED = {

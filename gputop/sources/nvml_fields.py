@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from gputop.catalogue import KIND_GPU, KIND_GPU_PROCS, MetricSpec, dcgm_same
 
+ENERGY_EVERY_S = 5.0   # how often the NVML slow loop reads the total energy counter (nvml_gpu.py)
+
 MIB = 1024 * 1024
 
 # GPM metrics: our field -> name of the pynvml constant (IDs from nvml.h; see docs/metrics.md).
@@ -145,11 +147,11 @@ METRICS: list[MetricSpec] = [
     _spec("gpm_window_s", "s", "GPM window", "the time the GPM values of this sample average over (>= 0.1 s)",
           "gpu_gpm_window_seconds", "The time the GPM values above average over, in seconds (>= 0.1).",
           aggregate=False),
-    # Read by the slow loop (~1 Hz: the call costs ~3 ms), so in about one gpu sample a second.
+    # Read by the slow loop every ENERGY_EVERY_S (the call costs ~3 ms), so in one gpu sample of ~50.
     _spec("energy_j", "J", "energy", "energy the GPU used since the driver loaded (NVML total energy counter)",
           "gpu_energy_consumption_joules",
           "Energy the GPU used since the driver was loaded, in joules (nvmlDeviceGetTotalEnergyConsumption, "
-          "read about once a second).",
+          "read every 5 s).",
           dcgm_same("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156, ", which DCGM reports in mJ"),
           aggregate=False, counter=True),
     # A dict per PID: served as gputop_process_gpu_memory_bytes / _sm_utilization_ratio.

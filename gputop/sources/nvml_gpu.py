@@ -11,9 +11,7 @@ import time
 from gputop.model import clean_float
 from gputop.sources.gpm import _Gpm
 from gputop.sources.nvml_errors import _is_too_old, nv
-from gputop.sources.nvml_fields import CLOCK_EVENT_REASONS, GPM_FIELDS
-
-ENERGY_EVERY_S = 5.0   # how often the slow loop reads the total energy counter
+from gputop.sources.nvml_fields import CLOCK_EVENT_REASONS, ENERGY_EVERY_S, GPM_FIELDS
 
 # The fields and clock-event reasons are in nvml_fields.py (no pynvml needed); their bits here.
 

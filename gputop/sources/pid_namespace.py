@@ -156,6 +156,30 @@ def _by_memory(entries, procs, nvml, users) -> tuple[int, int] | None:
     return None
 
 
+def _own_tree(proc: str) -> set[int]:
+    """This process and its descendants, as seen in ``proc`` (ppid from /proc/PID/stat)."""
+    me = os.getpid()
+    parent: dict[int, int] = {}
+    try:
+        names = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return {me}
+    for n in names:
+        try:
+            with open(os.path.join(proc, n, "stat"), "rb") as f:
+                parent[int(n)] = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grew = {me}, True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
 def map_pids(nvml: dict[int, tuple[int | None, set[int]]], *, proc: str = "/proc", host_proc: str | None = None,
              reported_mem: dict[int, int] | None = None) -> Mapping:
     """NVML's PIDs -> visible PIDs by the best method available here (module docstring).
@@ -170,7 +194,10 @@ def map_pids(nvml: dict[int, tuple[int | None, set[int]]], *, proc: str = "/proc
         pids = [int(n) for n in os.listdir(proc) if n.isdigit()]
     except OSError:
         pids = []
+    mine = _own_tree(proc)   # gputop (NVML holds /dev/nvidia*) and its children are never a job
     for vp in pids:
+        if vp in mine:
+            continue
         held = gpus_held(vp, proc)
         if held:
             users[vp] = ((reported_mem or {}).get(vp), held)

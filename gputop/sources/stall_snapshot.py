@@ -145,12 +145,13 @@ class StallSnapshotSource:
                 workers.append(w)
             for w in workers:
                 w.join(self.timeout_s + 2.0)
-            gpus = set(stall.get("gpus") or []) or set(self._gpu)
+            newest = dict(self._gpu)   # a copy: the publisher thread adds GPUs while we read
+            gpus = set(stall.get("gpus") or []) or set(newest)
             data = {
                 "t": round(t, 2), "since": stall.get("since"), "reason": stall.get("reason"),
                 "last_step_t": stall.get("last_step_t"), "median_step_s": stall.get("median_step_s"),
                 "threshold_s": stall.get("threshold_s"), "phase": stall.get("phase"),
-                "gpus": {k: dict(v) for k, v in self._gpu.items() if k in gpus},
+                "gpus": {k: dict(v) for k, v in newest.items() if k in gpus},
                 "ranks": [], "threads": [],
                 "dump_ms": round((self.clock.now() - t) * 1000.0, 1),
             }
