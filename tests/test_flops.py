@@ -313,3 +313,40 @@ def test_the_probe_finds_the_dtype_anywhere_in_an_op_and_else_takes_the_settings
     mode.gputop_tf32, mode.gputop_by_dtype, mode.gputop_settings_dtype = (False, False), {}, "bf16"
     mode._count_flops(torch.ops.aten.mm, None, (), {})
     assert mode.gputop_by_dtype == {"bf16": 100}
+
+
+def test_a_count_left_under_another_dispatch_mode_is_popped_when_it_is_on_top_again():
+    """A job that pushes its own TorchDispatchMode inside the counted step and pops it later:
+    the counter cannot leave at that step's end (it would pop the job's mode), but it must not
+    stay pushed either, or every later op of the job would run through Python."""
+    import types
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    from gputop.probe.flops import START_AT, FlopCounter
+
+    class JobsMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    p = types.SimpleNamespace(monitoring=True, torch_hooks=None)
+    fc = FlopCounter(p, torch)
+
+    def step_end(n):   # what the probe's step end does (core.py)
+        if fc.wants_boundary(p.monitoring):
+            fc.at_boundary(n, float(n))
+
+    step_end(START_AT)                            # the counted step begins: our mode is pushed
+    assert _get_current_dispatch_mode() is not None
+    torch.ones(4, 4) @ torch.ones(4, 4)
+    jobs = JobsMode()
+    jobs.__enter__()                              # the job pushes its own inside the step
+    step_end(START_AT + 1)                        # step end: ours is under the job's
+    assert fc.flops is None and "another TorchDispatchMode" in fc.off
+    assert _get_current_dispatch_mode() is jobs   # the job's mode untouched
+    jobs.__exit__(None, None, None)
+    step_end(START_AT + 2)                        # ours is on top again: popped now
+    assert _get_current_dispatch_mode() is None
+    step_end(START_AT + 3)                        # and no new count starts by itself
+    assert _get_current_dispatch_mode() is None

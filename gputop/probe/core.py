@@ -157,8 +157,7 @@ class Probe(ProbeServer):
         self.batches_in_step = 0
         self.samples_in_step = 0
         fc = self.flops
-        # (a count in progress is finished even if its monitor left meanwhile)
-        if fc is not None and fc.armed and (self.monitoring or fc._mode is not None):
+        if fc is not None and fc.wants_boundary(self.monitoring):
             try:
                 fc.at_boundary(n, now)
             except Exception as e:

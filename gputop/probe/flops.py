@@ -96,6 +96,12 @@ class FlopCounter:
                         f"({type(e).__name__}): FLOPs need torch >= 2.1")
 
     # -- training thread ---------------------------------------------------------------------
+    def wants_boundary(self, monitoring: bool) -> bool:
+        """Whether the probe's step end should call at_boundary: a count due while a monitor
+        watches, a count in progress (finished even if its monitor left), or our mode still to
+        pop from under another one."""
+        return (self.armed and (monitoring or self._mode is not None)) or self._stuck is not None
+
     def at_boundary(self, n: int, now: float) -> None:
         """A step ended (boundary ``n``). Finish a count in progress, or start one if due."""
         if self._mode is not None:
