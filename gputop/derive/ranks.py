@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROC, Sample
+from gputop.derive.steps import pool_collectives
 from gputop.session.store import SampleStore
 from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
@@ -298,13 +299,9 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
 
 def _collective_wait(windows: list[Sample]) -> float | None:
     """Exposed collective time over step time, pooled over a rank's probe windows (None without
-    the probe's collective timing)."""
-    exposed = step = 0.0
-    for s in windows:
-        e, st = _num(s.data.get("collective_exposed_s_sum")), _num(s.data.get("step_s_sum"))
-        if e is not None and st:
-            exposed, step = exposed + e, step + st
-    return round(min(1.0, exposed / step), 4) if step > 0 else None
+    the probe's collective timing): the same pooling as the verdicts' (steps.pool_collectives)."""
+    pooled = pool_collectives(windows)
+    return round(pooled[0], 4) if pooled else None
 
 
 def _round(v: float | None, nd: int) -> float | None:

@@ -201,6 +201,20 @@ class StepPool:
         return self.samples / self.fed_s if self.fed_s else None
 
 
+def pool_collectives(windows) -> tuple[float, float] | None:
+    """(exposed collective time, all collective time), each over step time, pooled over probe
+    windows that carry the probe's collective timing (gputop/probe/collectives.py); None when
+    none does (older recordings, jobs without torch.distributed). One pooling for the ranks
+    table and the verdicts' signals."""
+    exposed = total = step = 0.0
+    for w in windows:
+        d = w.data if isinstance(w, Sample) else w
+        e, c, st = d.get("collective_exposed_s_sum"), d.get("collective_s_sum"), d.get("step_s_sum")
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (e, c, st)) and st > 0:
+            exposed, total, step = exposed + e, total + c, step + st
+    return (min(1.0, exposed / step), min(1.0, total / step)) if step > 0 else None
+
+
 def pool_steps(windows) -> StepPool:
     """Pool ``probe_step`` window samples (in time order) into a StepPool, from the windows'
     sums. The one place that adds windows up: signals, the Steps view, the ranks table and the

@@ -131,6 +131,7 @@ class TorchHooks(SyncCapture):
             except Exception:
                 pass
         self._undo = []
+
     def disable(self, name: str) -> None:
         if name == "optimizer_step":
             self.opt_on = False

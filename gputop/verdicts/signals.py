@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
-from gputop.derive.steps import pool_steps
+from gputop.derive.steps import pool_collectives, pool_steps
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
 from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STALL,
@@ -245,15 +245,10 @@ def _collective_signals(samples, sig: Signals) -> None:
     pooled over the window: ``probe.collective_wait_share`` (exposed: waited for, not overlapped)
     and ``probe.collective_share`` of step time. Unset (None) for windows without those fields,
     so that older recordings and jobs without torch.distributed are judged as before."""
-    exposed = total = step = 0.0
-    n = 0
-    for s in samples:
-        e, c, st = s.get("collective_exposed_s_sum"), s.get("collective_s_sum"), s.get("step_s_sum")
-        if type(e) in _NUMBER_TYPES and type(c) in _NUMBER_TYPES and type(st) in _NUMBER_TYPES and st > 0:
-            exposed, total, step, n = exposed + e, total + c, step + st, n + 1
-    if n and step > 0:
-        sig.set("probe.collective_wait_share", min(1.0, exposed / step))
-        sig.set("probe.collective_share", min(1.0, total / step))
+    pooled = pool_collectives(samples)
+    if pooled is not None:
+        sig.set("probe.collective_wait_share", pooled[0])
+        sig.set("probe.collective_share", pooled[1])
         last = samples[-1]
         sig.facts["collective_top_op"] = last.get("collective_top_op")
     off = samples[-1].get("collective_off") if samples else None
