@@ -16,7 +16,7 @@ import pathlib
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -261,6 +261,7 @@ def budget_data(draw):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(budget_data(), budget_data(), st.dictionaries(st.sampled_from(["phase", "label", "since", "training_since",
                                                                       "startup", "startup_text"]), json_values))
+@example(window={"shares": {"gpu_busy": 5.992310449541053e+306}}, session_={}, phase={})  # once overflowed a bar
 def test_damaged_budget_samples_draw_without_error(window, session_, phase):
     from gputop.session.store import SampleStore
     from gputop.model import Sample

@@ -164,12 +164,18 @@ def phase_words(phase: str | None) -> str:
     return ph.LABELS.get(phase, fmt.clean(phase)) if isinstance(phase, str) else fmt.clean(phase)
 
 
-def bar(share, width: int) -> Text:
+def bar_cells(share, width: int) -> int:
+    """How many of ``width`` cells a share fills: clamped to 0..1 first, so a damaged share
+    (negative, or 1e306 from a hostile recording) fills none or all rather than overflowing."""
     f = fmt.to_float(share)
+    return 0 if f is None else round(max(0.0, min(1.0, f)) * width)
+
+
+def bar(share, width: int) -> Text:
     t = Text()
-    if f is None:
+    if fmt.to_float(share) is None:
         return t.append(" " * width)
-    cells = round(max(0.0, min(1.0, f)) * width)
+    cells = bar_cells(share, width)
     t.append("█" * cells)
     t.append("·" * (width - cells), style=STYLE_DIM)
     return t
@@ -285,7 +291,7 @@ class TimeBudgetWindow(TextPanel):
             line.append(f"{fmt.clip(bd.LABELS[c], label_w):<{label_w}} ", style=STYLE_LABEL if c == largest else "")
             line.append(f"{share_pct(v, 1):>6} ")
             b = bar(v, bar_w)
-            b.stylize(STYLE.get(c, ""), 0, round((fmt.to_float(v) or 0) * bar_w))
+            b.stylize(STYLE.get(c, ""), 0, bar_cells(v, bar_w))
             line.append_text(b)
             if c == largest:
                 line.append(" ← largest", style=STYLE_LABEL)
