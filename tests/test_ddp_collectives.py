@@ -191,3 +191,16 @@ def test_the_ddp_hook_keeps_the_gradient_math_and_lets_the_jobs_hook_run(tmp_pat
     assert got["probed"] == got["plain"]
     assert got["user_hook_calls"] >= 5         # every bucket of the 5 backward passes after registering
     assert got["user"] == got["plain"]
+
+
+def test_records_the_full_queue_drops_are_counted_as_lost():
+    """A job issuing more collectives between two of the monitor's windows than the queue holds
+    loses the oldest records: they must show up in coll_lost, not vanish."""
+    from gputop.probe.collectives import MAX_OPS, Collectives
+
+    c = Collectives(None, None)
+    for i in range(MAX_OPS + 7):
+        c._push([1, "all_reduce", 4, "cpu", float(i), None, None, None, False])
+    assert len(c.ops) == MAX_OPS and c.issued == MAX_OPS + 7
+    assert c.lost == 7
+    assert c.ops[0][4] == 7.0   # the oldest seven went

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from gputop import gpu_peaks
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROBE_STEP, MetricSpec
 from gputop.derive.steps import pool_steps
-from gputop.probe.flops import DTYPE_CLASS
+from gputop.probe.flops import settings_dtype_class
 
 FROM_SETTINGS = "dtype from the job's settings"
 WINDOW_S = 10.0             # the live views and the exporter: the newest 10 s (as the verdicts pool)
@@ -83,18 +83,13 @@ def flops_per_step(windows) -> tuple[int | None, dict, str | None]:
 
 
 def settings_dtype(cfg: dict) -> str | None:
-    """The compute dtype the job's recorded settings (probe_config) say: an autocast bf16/fp16
-    region (the CUDA one first), else the parameters' dtype (fp32 as tf32 where TF32 matmuls
-    are on). For a count whose ops carried no dtype ("?", from a probe before the fix)."""
+    """The compute dtype the job's recorded settings (probe_config) say (see
+    probe/flops.settings_dtype_class). For a count whose ops carried no dtype ("?", from a probe
+    before the fix)."""
     auto = cfg.get("amp_autocast") if isinstance(cfg.get("amp_autocast"), list) else []
-    for a in sorted((str(a) for a in auto), key=lambda a: not a.startswith("cuda")):
-        c = DTYPE_CLASS.get(a.partition(":")[2])
-        if c in ("bf16", "fp16"):
-            return c
     opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
     dts = opt.get("param_dtypes") if isinstance(opt.get("param_dtypes"), list) else []
-    c = DTYPE_CLASS.get(str(dts[0])) if dts else None
-    return "tf32" if c == "fp32" and cfg.get("tf32_matmul") is True else c
+    return settings_dtype_class(auto, dts, tf32=cfg.get("tf32_matmul") is True)
 
 
 def with_known_dtype(by: dict, cfg: dict) -> tuple[dict, str | None]:

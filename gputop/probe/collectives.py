@@ -327,6 +327,8 @@ class Collectives:
 
     def _push(self, rec) -> None:
         self.issued += 1
+        if len(self.ops) == MAX_OPS:
+            self.lost += 1          # the deque drops its oldest record on this append
         self.ops.append(rec)
 
     def _after_call(self, rec, res) -> None:

@@ -47,6 +47,19 @@ COMPILED_WHY = ("torch.compile is in use: compiled regions run as fused kernels 
                 "that FlopCounterMode watches, so a count would be short")
 
 
+def settings_dtype_class(autocast, param_dtypes, tf32: bool = False) -> str | None:
+    """The compute dtype class a job's settings say: an autocast bf16/fp16 region ("cuda:..."
+    first), else the parameters' first dtype (fp32 as tf32 where TF32 matmuls are on); None for
+    a dtype the peak table has no class for. One home for the probe (ops that carried no
+    tensor) and derive/efficiency.py (a count recorded before op dtypes were)."""
+    for a in sorted((str(a) for a in autocast), key=lambda a: (not a.startswith("cuda"), a)):
+        c = DTYPE_CLASS.get(a.partition(":")[2])
+        if c in ("bf16", "fp16"):
+            return c
+    c = DTYPE_CLASS.get(str(param_dtypes[0])) if param_dtypes else None
+    return "tf32" if c == "fp32" and tf32 else c
+
+
 def first_shape(batch) -> tuple | None:
     """The shape of a batch's first tensor (the one that sets the step's FLOPs), or None."""
     x = batch
@@ -234,12 +247,8 @@ class FlopCounter:
 
     def _dtype_from_settings(self) -> str:
         th = self.p.torch_hooks
-        for a in sorted(getattr(th, "autocast", ()) or ()):
-            c = DTYPE_CLASS.get(a.partition(":")[2])
-            if c in ("bf16", "fp16"):
-                return c
         dts = ((th.optimizer or {}).get("param_dtypes") if th is not None else None) or ["float32"]
-        return DTYPE_CLASS.get(dts[0], dts[0])
+        return settings_dtype_class(getattr(th, "autocast", ()) or (), dts) or str(dts[0])
 
     # -- probe thread ---------------------------------------------------------------------------
     def message(self) -> dict:
