@@ -143,7 +143,7 @@ def profile_recorder(a) -> int:
     parts.wrap(C.IncrementalReplay, "add_chunk", "chain: add_chunk, rest")
     parts.wrap(R, "decode_payload", "summary: decode the chunk written (decode_payload)")
     parts.wrap(R, "validate_chunk", "summary: validate it (validate_chunk)")
-    parts.wrap(S, "clean_series", "stats: sanitize (clean_series)")
+    parts.wrap(S, "clean_chunk", "sanitize, once for stats and chain (clean_chunk)")
     parts.wrap(StatsPartial, "add", "stats: StatsPartial.add")
     parts.wrap(S.RecordingSummarizer, "take", "summary frame: take (to JSON)")
     parts.wrap(R.RecordingWriter, "write_summary", "summary frame: write")
