@@ -2,6 +2,7 @@
 
     python benchmarks/long_recording.py OUTDIR [--hours 1] [--source tests/data/h200/real/hf_trainer-run.gtrec]
                                               [--seeks 20] [--play-minutes 10] [--keep]
+    python benchmarks/long_recording.py OUTDIR --profile [--minutes 10]     # the recorder's CPU by part
 
 1. Builds OUTDIR/long.gtrec by feeding a real recording's samples, looped with shifted times
    until they cover ``--hours``, through the recorder itself (session/rerecord.py: each chunk
@@ -15,6 +16,12 @@
    random points (median and max), then ``--play-minutes`` of playback at full speed from a
    random point; peak RSS and RSS growth while playing.
 Prints a table and writes OUTDIR/long_recording.json. The file is removed unless ``--keep``.
+
+``--profile`` only records ``--minutes`` (with summary frames) and splits the recorder's CPU
+(``time.thread_time``, this thread: the recorder's work runs here) per recorded minute into its
+parts, each part's own time without the parts it calls: encode/write, the summary chain's decode
+and validate of the chunk just written, sanitize, the report statistics, the processors, the
+chain's feeding of the store, and the rest of ``Recorder.flush``. Writes OUTDIR/recorder_profile.json.
 """
 
 from __future__ import annotations
@@ -88,6 +95,90 @@ def _child(cmd: list[str]) -> tuple[float, float, str]:
     return wall, ru.ru_maxrss / 1024, out.decode()
 
 
+class _Parts:
+    """Exclusive thread CPU per part: wrapped callables charge their own time, less that of the
+    wrapped callables they call (those charge theirs)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._stack: list[list] = []   # [part, child seconds]
+
+    def wrap(self, owner, attr: str, part) -> None:
+        """``part``: a name, or a function of the call's arguments giving one."""
+        fn = getattr(owner, attr)
+        parts, clock = self, time.thread_time
+
+        def timed(*args, **kw):
+            name = part if isinstance(part, str) else part(*args)
+            frame = [name, 0.0]
+            parts._stack.append(frame)
+            t = clock()
+            try:
+                return fn(*args, **kw)
+            finally:
+                dt = clock() - t
+                parts._stack.pop()
+                parts.cpu[name] = parts.cpu.get(name, 0.0) + dt - frame[1]
+                parts.calls[name] = parts.calls.get(name, 0) + 1
+                if parts._stack:
+                    parts._stack[-1][1] += dt
+
+        setattr(owner, attr, timed)
+
+
+def profile_recorder(a) -> int:
+    """The recorder's CPU per recorded minute, by part (see the module's docstring)."""
+    from gputop.derive.record_stats import StatsPartial
+    from gputop.session import recorder as R
+    from gputop.session import summary_chain as C
+    from gputop.verdicts import recording_summary as S
+
+    parts = _Parts()
+    # the summary chain's processors run through C.run_processor; at_end only at finish
+    parts.wrap(C, "run_processor", lambda p, store, now: f"processor {p.name}")
+    parts.wrap(C.IncrementalReplay, "_feed", "chain: feed the store (bus, SampleStore)")
+    parts.wrap(C, "clean_samples", "chain: sanitize (clean_samples)")
+    parts.wrap(C, "samples_of", "chain: series -> samples (samples_of)")
+    parts.wrap(C.IncrementalReplay, "add_chunk", "chain: add_chunk, rest")
+    parts.wrap(R, "decode_payload", "summary: decode the chunk written (decode_payload)")
+    parts.wrap(R, "validate_chunk", "summary: validate it (validate_chunk)")
+    parts.wrap(S, "clean_chunk", "sanitize, once for stats and chain (clean_chunk)")
+    parts.wrap(StatsPartial, "add", "stats: StatsPartial.add")
+    parts.wrap(S.RecordingSummarizer, "take", "summary frame: take (to JSON)")
+    parts.wrap(R.RecordingWriter, "write_summary", "summary frame: write")
+    parts.wrap(R.RecordingWriter, "write_samples", "chunk: encode + write")
+    parts.wrap(R.Recorder, "flush", "recorder: flush, rest")
+    parts.wrap(R.Recorder, "stop", "recorder: stop (final summary), rest")
+    dst = os.path.join(a.outdir, "profile.gtrec")
+    if os.path.exists(dst):
+        os.remove(dst)
+    c0 = time.thread_time()
+    rec = rerecord(a.source, dst, S.RecordingSummarizer(), span_s=a.minutes * 60.0)
+    total = time.thread_time() - c0
+    if rec.error or rec.summary_error:
+        raise SystemExit(f"recording failed: {rec.error or rec.summary_error}")
+    from gputop.session.recording import RecordingReader
+
+    with RecordingReader(dst) as r:
+        minutes = (r.index.t_end - r.index.t_start) / 60.0
+    os.remove(dst)
+    per_min = {k: v / minutes for k, v in sorted(parts.cpu.items(), key=lambda kv: -kv[1])}
+    recorder = sum(per_min.values())
+    res = {"source": os.path.relpath(a.source, ROOT), "recorded_minutes": round(minutes, 2),
+           "recorder_cpu_s_per_recorded_minute": round(recorder, 4),
+           "feeding_cpu_s_per_recorded_minute": round(total / minutes - recorder, 4),   # rerecord's own loop
+           "parts_cpu_s_per_recorded_minute": {k: round(v, 5) for k, v in per_min.items()},
+           "calls": parts.calls, "cpu_count": os.cpu_count()}
+    with open(os.path.join(a.outdir, "recorder_profile.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"recorder CPU {recorder:.4f} s per recorded minute ({100 * recorder / 60:.3f}% of a core in real "
+          f"time) over {minutes:.1f} recorded minutes of {res['source']}")
+    for k, v in per_min.items():
+        print(f"  {k:<52} {v * 1000:8.2f} ms/min  {100 * v / recorder:5.1f}%")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -99,8 +190,12 @@ def main() -> int:
     ap.add_argument("--baseline-minutes", type=float, default=5.0,
                     help="also record this long without summary frames: the recorder's own CPU")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="only the recorder's CPU by part")
+    ap.add_argument("--minutes", type=float, default=10.0, help="recorded minutes for --profile")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
+    if a.profile:
+        return profile_recorder(a)
     dst = os.path.join(a.outdir, "long.gtrec")
     if os.path.exists(dst):
         os.remove(dst)

@@ -17,7 +17,7 @@ from typing import Protocol
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
     _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, FRAME_SUMMARY, MAGIC,
-    RecordingError, Series, decode_payload, encode_chunk, frame_bytes, json_frame, validate_chunk,
+    RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, json_frame, validate_chunk,
 )
 
 MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 samples/s):
@@ -32,7 +32,7 @@ class Summarizer(Protocol):
     them: the report's statistics and the derivations replayed, mergeable minute by minute)."""
 
     def add(self, series: list[Series], t0: float, t1: float) -> None:
-        """One chunk as written (decoded again: exactly what a reader will see)."""
+        """One chunk as written, exactly as a reader decodes it."""
 
     def take(self) -> dict:
         """The summary of the chunks added since the last take."""
@@ -62,12 +62,13 @@ class RecordingWriter:
     def write_meta(self, meta: dict) -> None:
         self._write(json_frame(FRAME_META, meta))
 
-    def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float] | None:
-        """Writes one chunk frame; returns its (payload, t0, t1)."""
+    def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None] | None:
+        """Writes one chunk frame; returns its (payload, t0, t1) and its series as a reader will
+        decode them, where the encoder could show that they are its own (else None)."""
         if samples:
-            payload, t0, t1 = encode_chunk(samples)
+            payload, t0, t1, series = encode_chunk_series(samples)
             self._write(frame_bytes(FRAME_CHUNK, payload, CODEC_ZLIB, t0, t1))
-            return payload, t0, t1
+            return payload, t0, t1, series
         return None
 
     def write_summary(self, summary: dict) -> None:
@@ -213,13 +214,17 @@ class Recorder:
             except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
                 self.error = f"recording stopped: {type(e).__name__}: {e}"
 
-    def _summarize(self, payload: bytes, t0: float, t1: float) -> None:
+    def _summarize(self, payload: bytes, t0: float, t1: float, series: list[Series] | None) -> None:
         """Feed one written chunk to the summarizer; a summary frame per ``summary_s`` seconds.
-        A failing summarizer stops the summaries, never the recording (readers then replay)."""
+        A failing summarizer stops the summaries, never the recording (readers then replay).
+        The chunk is what a reader decodes: the encoder's series where it showed them to be
+        exactly that (encode_chunk_series), else the payload decoded again."""
         if self.summarizer is None:
             return
         try:
-            self.summarizer.add(validate_chunk(decode_payload(CODEC_ZLIB, payload), t0, t1), t0, t1)
+            if series is None:
+                series = validate_chunk(decode_payload(CODEC_ZLIB, payload), t0, t1)
+            self.summarizer.add(series, t0, t1)
             if self._summary_t0 is None:
                 self._summary_t0 = t0
             if t1 - self._summary_t0 >= self.summary_s:

@@ -118,6 +118,14 @@ def _finite(v):
 
 def encode_chunk(samples: list[Sample]) -> tuple[bytes, float, float]:
     """Samples -> (payload, t0, t1). Columnar per (kind, key): compresses about 5-10x better."""
+    payload, t0, t1, _ = encode_chunk_series(samples)
+    return payload, t0, t1
+
+
+def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None]:
+    """``encode_chunk``, and the chunk's series exactly as ``validate_chunk(decode_payload(...))``
+    gives them back, where that is shown cheaply here (None where not: decode the payload; and
+    where decoding would refuse the chunk, so that the caller sees the same refusal)."""
     groups: dict[tuple[str, str], tuple[list, dict]] = {}
     for s in samples:
         g = groups.get((s.kind, s.key))
@@ -135,13 +143,96 @@ def encode_chunk(samples: list[Sample]) -> tuple[bytes, float, float]:
             if len(col) < n + 1:
                 col.append(None)
     series = [[kind, key, ts, cols] for (kind, key), (ts, cols) in groups.items()]
+    exact = True
     try:
         text = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False)
     except ValueError:
+        exact = False   # NaN/inf written as null: decoding gives other values
         text = json.dumps({"series": _finite(series)}, separators=(",", ":"), allow_nan=False)
     t0 = min(s.t for s in samples)
     t1 = max(s.t for s in samples)
-    return zlib.compress(text.encode(), 6), t0, t1
+    raw = text.encode()
+    payload = zlib.compress(raw, 6)
+    return payload, t0, t1, (_as_decoded(series, raw, len(payload), t0, t1) if exact else None)
+
+
+def _payload_ok(raw: bytes, n_payload: int) -> bool:
+    """What decode_payload checks of an inflated payload (its size, its count of values)."""
+    allowed = min(MAX_DECODED_BYTES, max(MIN_INFLATION_ALLOWANCE, MAX_INFLATION * n_payload))
+    values = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+    return len(raw) < allowed and \
+        values <= min(MAX_VALUES_PER_CHUNK, max(MIN_VALUES_ALLOWANCE, MAX_VALUES_PER_BYTE * n_payload))
+
+
+def _as_decoded(series: list, raw: bytes, n_payload: int, t0: float, t1: float) -> list[Series] | None:
+    """The encoder's own series where decoding ``raw`` gives equal values of the same types and
+    ``validate_chunk`` passes them, else None. JSON gives back exactly the objects of exact types
+    None, bool, int, float (finite: ``allow_nan=False`` took them; ``repr`` round-trips),
+    str, list and dict with str keys; a tuple, a subclass (numpy, enums) or another key would
+    come back changed, so any of them means None. The checks are validate_chunk's, on these."""
+    if not _payload_ok(raw, n_payload):
+        return None
+    out: list[Series] = []
+    n_samples = 0
+    lo, hi = math.inf, -math.inf
+    values: list = []   # every value of the chunk: checked at once (most series hold one sample)
+    for kind, key, ts, cols in series:
+        if type(kind) is not str or type(key) is not str or len(kind) > MAX_STRING or len(key) > MAX_STRING:
+            return None
+        n_samples += len(ts)
+        if n_samples > MAX_SAMPLES_PER_CHUNK or set(map(type, ts)) != {float}:
+            return None
+        lo, hi = min(lo, min(ts)), max(hi, max(ts))
+        for name, col in cols.items():
+            if type(name) is not str or len(name) > MAX_STRING:
+                return None
+            values += col
+        out.append((kind, key, ts, cols))
+    if n_samples and (abs(lo - t0) > TIME_TOLERANCE_S or abs(hi - t1) > TIME_TOLERANCE_S):
+        return None
+    return out if _plain_list(values, 0) else None
+
+
+def _plain_list(v: list, depth: int) -> bool:
+    """``_check_value`` of each item of what decoding ``v`` gives (items at ``depth`` + 1), or
+    False where that is not ``v`` itself. Scalars inline: this runs on every value written."""
+    types = set(map(type, v))
+    if types <= _FAST_TYPES:
+        return True
+    for x in v:
+        t = type(x)
+        if t is float or x is None or t is bool:
+            continue
+        if t is str:
+            if len(x) > MAX_STRING:
+                return False
+        elif t is int:
+            if not -(1 << 63) <= x < (1 << 64):
+                return False
+        elif t is list or t is dict:
+            if not _plain(x, depth + 1):
+                return False
+        else:
+            return False
+    return True
+
+
+def _plain(v, depth: int) -> bool:
+    """``_check_value(decoded v, depth)``, or False where decoding ``v`` does not give ``v``."""
+    t = type(v)
+    if t is float or t is bool or v is None:
+        return True
+    if t is str:
+        return len(v) <= MAX_STRING
+    if t is int:
+        return -(1 << 63) <= v < (1 << 64)
+    if depth > MAX_DEPTH:
+        return False
+    if t is list:
+        return _plain_list(v, depth)
+    if t is dict:
+        return all(type(k) is str and len(k) <= MAX_STRING for k in v) and _plain_list(list(v.values()), depth)
+    return False
 
 
 def frame_bytes(ftype: bytes, payload: bytes, codec: bytes = CODEC_ZLIB, t0: float = 0.0, t1: float = 0.0) -> bytes:
@@ -270,6 +361,7 @@ def validate_chunk(obj, t0: float | None = None, t1: float | None = None) -> lis
 
 
 _FAST = (type(None), bool, float)  # scalars that need no further check
+_FAST_TYPES = frozenset(_FAST)
 
 
 def samples_of(series: list[Series]) -> list[Sample]:

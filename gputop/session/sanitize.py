@@ -269,6 +269,26 @@ def clean_series(kind: str, key: str, ts: list, cols: dict, bad: BadValues | Non
         if bad is not None:
             bad.add(f"{kind[:40]} key", f"a key of {len(key)} characters")
         return None
+    return _clean_rows(kind, key, ts, cols, bad)
+
+
+def clean_chunk(series: list, bad: BadValues | None = None) -> tuple[list, list]:
+    """A chunk's series checked once for both users of it: (``clean_series`` of each, for the
+    statistics; the series whose ``samples_of`` is ``clean_samples(samples_of(series))``, for
+    the replay). Both check values and times alike and drop a key longer than ``MAX_KEY``; only
+    a longer kind differs: the statistics drop it, the replay (clean_samples) keeps it."""
+    stats, replay = [], []
+    for kind, key, ts, cols in series:
+        got = clean_series(kind, key, ts, cols, bad)
+        if got is not None:
+            stats.append(got)
+            replay.append(got)
+        elif len(key) <= MAX_KEY:
+            replay.append(_clean_rows(kind, key, ts, cols, None))
+    return stats, replay
+
+
+def _clean_rows(kind: str, key: str, ts: list, cols: dict, bad: BadValues | None):
     # (the reader has checked that times are finite numbers)
     if ts and not (-MAX_TIME_S <= min(ts) and max(ts) <= MAX_TIME_S):
         keep = [j for j, u in enumerate(ts) if -MAX_TIME_S <= u <= MAX_TIME_S]

@@ -46,15 +46,22 @@ class IncrementalReplay:
         self._fed_to = -math.inf
         self._last_sample_t = -math.inf
 
-    def add_chunk(self, series: list[Series], t0: float, t1: float) -> None:
-        """One chunk as written: its decoded series and its header times."""
+    def add_chunk(self, series: list[Series], t0: float, t1: float, clean: bool = False) -> None:
+        """One chunk as written: its decoded series and its header times. ``clean``: the series
+        are already checked as the replay checks them (sanitize.clean_chunk's second list)."""
         if not (math.isfinite(t0) and math.isfinite(t1) and t0 <= t1) or t1 - t0 > MAX_CHUNK_SPAN_S \
                 or t0 < self._max_t1 - CHUNK_SLACK_S:
             return  # the reader refuses this chunk: so does the replay of the file
-        got = clean_samples(samples_of(series))
-        if self._derived:
-            got = [Sample(s.t, s.kind + RECORDED_SUFFIX, s.key, s.data) if s.kind in self._derived else s
-                   for s in got]
+        if clean:
+            derived = self._derived
+            if derived:
+                series = [(s[0] + RECORDED_SUFFIX, *s[1:]) if s[0] in derived else s for s in series]
+            got = samples_of(series)
+        else:
+            got = clean_samples(samples_of(series))
+            if self._derived:
+                got = [Sample(s.t, s.kind + RECORDED_SUFFIX, s.key, s.data) if s.kind in self._derived else s
+                       for s in got]
         self._pending.extend(got)
         self._max_t1 = max(self._max_t1, t1)
         self.t_start = min(self.t_start, t0)

@@ -16,7 +16,7 @@ from gputop.derive.budget_processor import BudgetProcessor, budget_section
 from gputop.derive.record_stats import StatsPartial
 from gputop.model import Sample
 from gputop.session.recording_format import Series
-from gputop.session.sanitize import BadValues, clean_series
+from gputop.session.sanitize import BadValues, clean_chunk
 from gputop.session.summary_chain import IncrementalReplay
 from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
 
@@ -42,13 +42,12 @@ class RecordingSummarizer:
 
     def add(self, series: list[Series], t0: float, t1: float) -> None:
         bad = BadValues()
-        for s in series:
-            got = clean_series(*s, bad)
-            if got is not None:
-                self.stats.add(*got)
+        for_stats, for_replay = clean_chunk(series, bad)   # checked once for both
+        for s in for_stats:
+            self.stats.add(*s)
         if bad:
             self.stats.add_bad(bad.counts, bad.reasons)
-        self.chain.add_chunk(series, t0, t1)
+        self.chain.add_chunk(for_replay, t0, t1, clean=True)
 
     def take(self) -> dict:
         out = {"stats": self.stats.to_json(), "verdicts": [[s.t, s.kind, s.key, s.data] for s in self.verdicts]}
