@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -350,3 +351,42 @@ def test_a_count_left_under_another_dispatch_mode_is_popped_when_it_is_on_top_ag
     assert _get_current_dispatch_mode() is None
     step_end(START_AT + 3)                        # and no new count starts by itself
     assert _get_current_dispatch_mode() is None
+
+
+def test_live_energy_per_step_keeps_the_counter_every_second_of_training():
+    """The counter is read every 5 s: the live views (UI, Prometheus) must not flip to power x
+    time whenever their 10 s window holds only one reading (they did: the method label and the
+    J/step jumped from one second to the next)."""
+    from gputop.session.store import SampleStore
+    from gputop.sources.nvml_fields import ENERGY_EVERY_S
+    # The recording read the counter every second (the source then did): keep one reading per
+    # ENERGY_EVERY_S, as the source reads it now.
+    samples, last = [], -1e9
+    for s in sorted(RecordingReader(str(GPT_BF16)).all_samples(), key=lambda s: s.t):
+        if s.kind == "gpu" and s.data.get("energy_j") is not None:
+            if s.t - last < ENERGY_EVERY_S:
+                s = Sample(s.t, s.kind, s.key, {**s.data, "energy_j": None})
+            else:
+                last = s.t
+        samples.append(s)
+    wins = [s for s in samples if s.kind == "probe_step" and (s.data.get("steps") or 0) > 0]
+    store = SampleStore(horizon_s=600)
+    t0 = wins[0].t + ef.POWER_WINDOW_S + 1
+    methods, jps = set(), []
+    fed = 0
+    t = t0
+    while t < wins[-1].t:
+        upto = fed
+        while upto < len(samples) and samples[upto].t <= t:   # as a live session has them at t
+            upto += 1
+        store.on_samples(samples[fed:upto])
+        fed = upto
+        res = ef.live(store, t)
+        methods.add(res["energy_method"])
+        jps.append(res["joules_per_step"])
+        t += 0.5
+    assert len(jps) >= 10
+    assert methods == {ef.METHOD_COUNTER}
+    assert all(j is not None and j > 0 for j in jps)
+    # the live figure is the same quantity as the report's, over a shorter span
+    assert statistics.median(jps) == pytest.approx(_report_efficiency(GPT_BF16)["joules_per_step"], rel=0.15)

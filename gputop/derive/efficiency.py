@@ -22,9 +22,12 @@ from gputop import gpu_peaks
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROBE_STEP, MetricSpec
 from gputop.derive.steps import pool_steps
 from gputop.probe.flops import settings_dtype_class
+from gputop.sources.nvml_fields import ENERGY_EVERY_S
 
 FROM_SETTINGS = "dtype from the job's settings"
 WINDOW_S = 10.0             # the live views and the exporter: the newest 10 s (as the verdicts pool)
+# The live mean power's window: three energy-counter readings apart, so it always holds two.
+POWER_WINDOW_S = 3 * ENERGY_EVERY_S
 J_PER_KWH = 3.6e6
 METHOD_COUNTER = "energy counter"
 METHOD_POWER = "power x time"
@@ -175,8 +178,10 @@ def _training_span(steps: dict) -> tuple[float, float] | None:
     return first.t - (_num(first.data.get("window_s")) or 0.0), max(w.t for w in timed)
 
 
-def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
-    """Everything above for one span of samples, JSON-able (docs/report.md, "efficiency")."""
+def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: dict | None = None) -> dict:
+    """Everything above for one span of samples, JSON-able (docs/report.md, "efficiency").
+    ``power_gpus``: GPU samples to take the mean power from instead of those of the training
+    span (the live views: see ``live``)."""
     steps = by_kind.get(KIND_PROBE_STEP, {})
     configs = by_kind.get(KIND_PROBE_CONFIG, {})
     gpus = by_kind.get(KIND_GPU, {})
@@ -232,8 +237,11 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
     job_samples = sum(sample_rates) if sample_rates and all(v is not None for v in sample_rates) else None
     rows = []
     for k in used:
-        e = gpu_energy(gpus.get(k, []))
-        et = gpu_energy([g for g in gpus.get(k, []) if span[0] <= g.t <= span[1]]) if span else e
+        if power_gpus is not None:   # live: energy and power both over the power window
+            e = et = gpu_energy(power_gpus.get(k, []))
+        else:
+            e = gpu_energy(gpus.get(k, []))
+            et = gpu_energy([g for g in gpus.get(k, []) if span[0] <= g.t <= span[1]]) if span else e
         if et.watts is None:
             et = e
         kw = kwh(e.joules)
@@ -261,12 +269,15 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None) -> dict:
 
 
 def live(store, now: float, window_s: float = WINDOW_S) -> dict:
-    """``efficiency`` over the newest ``window_s`` of a SampleStore (gpu_info: the latest)."""
+    """``efficiency`` over the newest ``window_s`` of a SampleStore (gpu_info: the latest).
+    The mean power comes from the newest POWER_WINDOW_S instead: the energy counter is read
+    every ENERGY_EVERY_S, so a 10 s window holds one reading or two, and its J/step would flip
+    between the counter and power x time from one second to the next."""
     since = now - window_s
     by_kind = {k: store.window(k, since) for k in (KIND_PROBE_STEP, KIND_GPU)}
     by_kind[KIND_PROBE_CONFIG] = {k: [s] for k, s in store.latest_of_kind(KIND_PROBE_CONFIG).items()}
     by_kind[KIND_GPU_INFO] = {k: [s] for k, s in store.latest_of_kind(KIND_GPU_INFO).items()}
-    return efficiency(by_kind)
+    return efficiency(by_kind, power_gpus=store.window(KIND_GPU, now - max(window_s, POWER_WINDOW_S)))
 
 
 def group(samples) -> dict:
