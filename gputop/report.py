@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gputop.derive.record_stats import FieldStats, StatsPartial
+from gputop.derive.report_partials import PARTIALS, series_samples
 from gputop.derive.stats import is_number, summarize
 from gputop.model import (KIND_GPU, KIND_GPU_INFO, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
                           KIND_TARGET, MetricSpec, Sample)
@@ -42,6 +43,12 @@ class ReportSection:
     kinds: tuple[str, ...]
     build: Callable[[list[Sample], dict], dict | None]
     text: Callable[[dict], list[str]] | None = None
+    # Mergeable form (derive/report_partials.py): ``partial`` of one minute's samples, written in
+    # the summary frames; ``merge(partials, kept samples, report)`` -> what ``build`` gives. None:
+    # a section whose kinds the summary frames keep as they are is built from those; any other
+    # makes the report read every sample.
+    partial: Callable[[list[Sample]], dict] | None = None
+    merge: Callable[[list, list[Sample], dict], dict | None] | None = None
 
 
 SECTIONS: list[ReportSection] = []
@@ -103,6 +110,7 @@ class _Summaries:
     covers_to: int
     verdicts: list[Sample]
     final: dict | None
+    sections: list | None = None   # every frame's ``sections`` (None: a frame has none)
 
 
 def _read_summaries(reader) -> _Summaries | None:
@@ -113,7 +121,7 @@ def _read_summaries(reader) -> _Summaries | None:
     idx = reader.index
     if not idx.summaries or idx.damaged or idx.bad_chunks:
         return None
-    stats, verdicts, final = StatsPartial(), [], None
+    stats, verdicts, final, sections = StatsPartial(), [], None, []
     for ref in idx.summaries:
         obj = reader.read_summary(ref)
         if obj is None:
@@ -125,9 +133,11 @@ def _read_summaries(reader) -> _Summaries | None:
             return None
         if isinstance(obj.get("final"), dict):
             final = obj["final"]
+        if sections is not None:
+            sections = sections + [obj["sections"]] if "sections" in obj else None
     if final is not None and (final.get("t_start") != idx.t_start or final.get("t_end") != idx.t_end):
         final = None   # the replay it summarizes is not of this file as it reads now
-    return _Summaries(stats, idx.summaries[-1].offset, verdicts, final)
+    return _Summaries(stats, idx.summaries[-1].offset, verdicts, final, sections)
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:
@@ -146,9 +156,10 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
         summaries = _read_summaries(reader)
         agg = summaries.stats if summaries is not None else StatsPartial()
         covers_to = summaries.covers_to if summaries is not None else -1
+        merged = _merged_frames(summaries)   # the sections from the summaries, if they can be
         for ref in index.chunks:
             covered = ref.offset < covers_to    # its statistics are in the summaries
-            if covered and not want_kinds:
+            if covered and (not want_kinds or merged is not None):
                 continue
             mine = BadValues() if covered else bad
             for series in reader.read_series(ref):
@@ -253,11 +264,16 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
 
     if recompute_verdicts:
         report.update(verdict_keys if verdict_keys is not None else _verdict_section(path))
+    if merged is not None:
+        merged.set_tail(section_samples)
     for section in SECTIONS:
-        mine = [s for s in section_samples if s.kind in section.kinds]
-        mine.sort(key=lambda s: s.t)
         try:
-            got = section.build(mine, report)
+            if merged is not None:
+                got = _merged_section(merged, section, report, path)
+            else:
+                mine = [s for s in section_samples if s.kind in section.kinds]
+                mine.sort(key=lambda s: s.t)
+                got = section.build(mine, report)
         except Exception as e:  # one broken section must not hide the rest of the report
             got = {"error": f"{type(e).__name__}: {e}"}
         if got is not None:
@@ -265,6 +281,36 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     if bad:
         report["session"]["bad_values"] = bad.summary()
     return json_safe(report)
+
+
+def _merged_frames(summaries: _Summaries | None):
+    """The summary frames' section partials, when every section can be built from them."""
+    from gputop.derive.report_partials import MergedFrames
+
+    if summaries is None or not summaries.sections:
+        return None
+    try:
+        merged = MergedFrames(summaries.sections)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return merged if all(merged.can_build(s) for s in SECTIONS if s.kinds) else None
+
+
+def _merged_section(merged, section: ReportSection, report: dict, path: str) -> dict | None:
+    """One section from the summary frames; a partial that is not what a recorder writes (a
+    damaged or hostile file) has the section built from the file's samples instead."""
+    try:
+        return merged.build(section, report)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        mine = []
+        with RecordingReader(path) as reader:
+            for ref in reader.index.chunks:
+                for series in reader.read_series(ref):
+                    series = clean_series(*series, BadValues())
+                    if series is not None and series[0] in section.kinds:
+                        mine.extend(series_samples(*series))
+        mine.sort(key=lambda s: s.t)
+        return section.build(mine, report)
 
 
 def _num_key(key):
@@ -482,15 +528,23 @@ def _register_builtin_sections() -> None:
     from gputop.sources.probe_client import PROBE_KINDS
     from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL
 
+    def parts(name: str) -> dict:   # the section's mergeable form (derive/report_partials.py)
+        return {"partial": PARTIALS[name].partial, "merge": PARTIALS[name].merge}
+
     register_section(ReportSection("stacks", (KIND_STACKS, KIND_THREAD_KERNEL, _H),
-                                   lambda samples, report: threads.report_section(samples), _stacks_text))
+                                   lambda samples, report: threads.report_section(samples), _stacks_text,
+                                   **parts("stacks")))
     register_section(ReportSection("probe", (*PROBE_KINDS, _H),
-                                   lambda samples, report: steps.report_section(samples), steps.report_lines))
-    register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines))
+                                   lambda samples, report: steps.report_section(samples), steps.report_lines,
+                                   **parts("probe")))
+    register_section(ReportSection("ranks", ranks.REPORT_KINDS, ranks.report_section, ranks.report_lines,
+                                   **parts("ranks")))
     from gputop.derive import efficiency
-    register_section(ReportSection("efficiency", efficiency.KINDS, efficiency.report_section, efficiency.report_lines))
+    register_section(ReportSection("efficiency", efficiency.KINDS, efficiency.report_section,
+                                   efficiency.report_lines, **parts("efficiency")))
     from gputop.derive import stall
-    register_section(ReportSection("stall", (stall.KIND_STALL_SNAPSHOT,), stall.report_section, stall.report_lines))
+    register_section(ReportSection("stall", (stall.KIND_STALL_SNAPSHOT,), stall.report_section, stall.report_lines,
+                                   **parts("stall")))
 
 
 _register_builtin_sections()

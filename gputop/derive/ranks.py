@@ -204,7 +204,7 @@ def rank_overview(rows: list[dict]) -> dict:
 REPORT_KINDS = (KIND_RANK, KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_GPU_PROCS, KIND_GPU_INFO)
 
 
-def report_section(samples: list[Sample], report: dict | None = None) -> dict | None:
+def report_section(samples: list[Sample], report: dict | None = None, aggs: dict | None = None) -> dict | None:
     """The "ranks" part of ``gputop report``: one row per rank process over the whole recording.
     None when the recording has no rank samples at all (a job without ranks: no section).
 
@@ -212,7 +212,8 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
     environment's hint) and that GPU's mean SM active over the recording (from ``report["gpus"]``),
     steps/s while training and data-wait share pooled over all its probe windows (the probe
     section's numbers, gputop.derive.steps.pool_steps), and its main thread's state
-    shares over every stack and kernel sample of the recording (gputop.derive.threads)."""
+    shares over every stack and kernel sample of the recording (gputop.derive.threads; ``aggs``:
+    those sums already made, from the summary frames, derive/report_partials.py)."""
     rank_samples = [s for s in samples if s.kind == KIND_RANK]
     if not rank_samples:
         return None
@@ -226,9 +227,10 @@ def report_section(samples: list[Sample], report: dict | None = None) -> dict | 
             by_pid.setdefault(pid, []).append(s)
     pids = set(by_pid)
     keys = {str(p) for p in pids}
-    stacks = [s for s in samples if s.kind == KIND_STACKS and s.key in keys]
-    kernel = [s for s in samples if s.kind == KIND_THREAD_KERNEL and s.key in keys]
-    aggs = aggregate(stacks, kernel)
+    if aggs is None:
+        stacks = [s for s in samples if s.kind == KIND_STACKS and s.key in keys]
+        kernel = [s for s in samples if s.kind == KIND_THREAD_KERNEL and s.key in keys]
+        aggs = aggregate(stacks, kernel)
     gpu_mem: dict[int, dict[str, int]] = {}
     gpu_keys: set[str] = set()
     uuids: dict[str, str] = {}

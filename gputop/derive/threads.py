@@ -34,9 +34,10 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
+from gputop.derive.hot_frames import HotCounts
 from gputop.model import KIND_HEALTH, MetricSpec, Sample
 from gputop.catalogue import KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES
 from gputop.catalogue import SOURCE_STACKS as SOURCE_NAME
@@ -460,56 +461,12 @@ def hot_frames(stacks: Iterable[Sample], pid: int | None = None, tid: int | str 
     total, self_pct, total_pct (of all samples that passed the filter)."""
     if by not in ("self", "total"):
         raise ValueError("by must be 'self' or 'total'")
-    self_n: Counter = Counter()
-    total_n: Counter = Counter()
-    lines: dict[tuple, Counter] = {}
-    n_all = 0
+    counts = HotCounts()
+    want = None if pid is None and tid is None else (
+        lambda spid, th: (pid is None or spid == pid) and (tid is None or _tid_key(th.get("tid")) == _tid_key(tid)))
     for s in stacks:
-        if s.kind != KIND_STACKS:
-            continue
-        try:
-            spid = int(s.key)
-        except ValueError:
-            continue
-        if pid is not None and spid != pid:
-            continue
-        frames = s.data.get("frames")
-        threads = s.data.get("threads")
-        if not isinstance(frames, list) or not isinstance(threads, list):
-            continue
-        for th in threads:
-            if not isinstance(th, dict):
-                continue
-            if tid is not None and _tid_key(th.get("tid")) != _tid_key(tid):
-                continue
-            for entry in th.get("stacks") or []:
-                try:
-                    count, stack = int(entry[0]), [int(i) for i in entry[1]]
-                except (TypeError, ValueError, IndexError):
-                    continue
-                if count <= 0:
-                    continue
-                n_all += count
-                seen = set()
-                for pos, i in enumerate(stack):
-                    if not (0 <= i < len(frames)) or not isinstance(frames[i], list) or len(frames[i]) < 3:
-                        continue
-                    fkey = (str(frames[i][0]), str(frames[i][1]))
-                    if fkey not in seen:
-                        seen.add(fkey)
-                        total_n[fkey] += count
-                    if pos == len(stack) - 1:
-                        self_n[fkey] += count
-                        lines.setdefault(fkey, Counter())[frames[i][2]] += count
-    keys = sorted(total_n, key=lambda k: ((self_n[k], total_n[k]) if by == "self" else (total_n[k], self_n[k])),
-                  reverse=True)[:top]
-    rows = []
-    for k in keys:
-        hot_line = lines[k].most_common(1)[0][0] if k in lines else None
-        rows.append({"func": k[0], "file": k[1], "line": hot_line, "self": self_n[k], "total": total_n[k],
-                     "self_pct": round(100.0 * self_n[k] / n_all, 1) if n_all else None,
-                     "total_pct": round(100.0 * total_n[k] / n_all, 1) if n_all else None})
-    return {"samples": n_all, "rows": rows}
+        counts.add_sample(s, want)
+    return counts.rows(top, by)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,11 +503,18 @@ def report_section(samples: list[Sample]) -> dict:
     if not stacks and not kernel:
         why = sampler.get("message") or "the stack source did not run"
         return {"available": False, "why": why, "sampler": sampler}
-    aggs = aggregate(stacks, kernel)
+    ts = [s.t for s in stacks + kernel]
+    return stacks_section(aggregate(stacks, kernel), sampler, round(max(ts) - min(ts), 1) if ts else None,
+                          len({(s.key, s.t) for s in stacks}), lambda: hot_frames(stacks, top=10)["rows"],
+                          lambda pid, tid: hot_frames(stacks, pid=pid, tid=tid, top=10)["rows"])
+
+
+def stacks_section(aggs: dict, sampler: dict, covered_s: float | None, windows: int,
+                   top_all: Callable[[], list], top_of: Callable[[int, int | str], list]) -> dict:
+    """The section from the threads' sums, however they were summed: over every sample
+    (``report_section``) or merged from the summary frames (derive/report_partials.py)."""
     threads = thread_states(aggs)
     main = next((d for d in threads if d["role"] == ROLE_MAIN), None)
-    ts = [s.t for s in stacks + kernel]
-    main_frames = hot_frames(stacks, pid=main["pid"], tid=main["tid"], top=10) if main else None
 
     def g(key):
         return main.get(key) if main else None
@@ -560,8 +524,8 @@ def report_section(samples: list[Sample]) -> dict:
                for d in threads if d["role"] == ROLE_WORKER]
     return {
         "available": True,
-        "covered_s": round(max(ts) - min(ts), 1) if ts else None,
-        "py_spy_windows": len({(s.key, s.t) for s in stacks}),
+        "covered_s": covered_s,
+        "py_spy_windows": windows,
         "sampler": sampler,
         "main_thread": main,
         "gil_wait_pct": g("gil_pct"),
@@ -572,8 +536,8 @@ def report_section(samples: list[Sample]) -> dict:
         "threads": threads,
         "dataloader_workers": workers,
         "top_frames": {
-            "all": hot_frames(stacks, top=10)["rows"],
-            "main_thread": main_frames["rows"] if main_frames else [],
+            "all": top_all(),
+            "main_thread": top_of(main["pid"], main["tid"]) if main else [],
         },
         "states": {s: STATE_LABELS[s] for s in STATES},
     }

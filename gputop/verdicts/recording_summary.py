@@ -4,6 +4,8 @@ Each summary frame covers the chunks written since the previous one (about a min
 - ``stats``: the report's statistics of those chunks (derive/record_stats.StatsPartial);
 - ``verdicts``: the verdict samples the whole-file replay publishes over that stretch, computed
   as the file is written by the same processors (session/summary_chain.IncrementalReplay);
+- ``sections``: the report sections' mergeable partials of those chunks (Python stacks, probe,
+  ranks, efficiency, stall: derive/report_partials.py);
 - ``final`` (the last frame, written on a clean stop only): where the replay started and ended
   and the time budget at the end (derive/budget_processor.budget_section).
 The report merges these instead of reading every sample (gputop/report.py); a file without a
@@ -13,6 +15,7 @@ The report merges these instead of reading every sample (gputop/report.py); a fi
 from __future__ import annotations
 
 from gputop.derive.budget_processor import BudgetProcessor, budget_section
+from gputop.derive import report_partials
 from gputop.derive.record_stats import StatsPartial
 from gputop.model import Sample
 from gputop.session.recording_format import Series
@@ -35,6 +38,7 @@ class RecordingSummarizer:
         self.processors = processors
         self.stats = StatsPartial()
         self.verdicts: list[Sample] = []
+        self.section_samples: list[Sample] = []   # of report_partials.SUMMARY_KINDS, as written
         self.chain = IncrementalReplay(processors, self._output)
 
     def _output(self, samples: list[Sample]) -> None:
@@ -45,14 +49,18 @@ class RecordingSummarizer:
         for_stats, for_replay = clean_chunk(series, bad)   # checked once for both
         for s in for_stats:
             self.stats.add(*s)
+            if s[0] in report_partials.SUMMARY_KINDS:
+                self.section_samples.extend(report_partials.series_samples(*s))
         if bad:
             self.stats.add_bad(bad.counts, bad.reasons)
         self.chain.add_chunk(for_replay, t0, t1, clean=True)
 
     def take(self) -> dict:
-        out = {"stats": self.stats.to_json(), "verdicts": [[s.t, s.kind, s.key, s.data] for s in self.verdicts]}
+        out = {"stats": self.stats.to_json(), "verdicts": [[s.t, s.kind, s.key, s.data] for s in self.verdicts],
+               "sections": report_partials.summarize(self.section_samples)}
         self.stats = StatsPartial()
         self.verdicts = []
+        self.section_samples = []
         return out
 
     def finish(self) -> dict:
