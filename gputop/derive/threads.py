@@ -105,19 +105,21 @@ def _num(x) -> float | None:
 
 
 class _ClassifyCache:
-    """Stacks samples are immutable: classify each once. Keyed by identity; the sample is kept
-    in the entry so its id cannot be reused while cached."""
+    """Samples are immutable: read each once. Keyed by identity; the sample is kept in the entry
+    so its id cannot be reused while cached. By default it classifies stacks samples; the
+    processor keeps a second one of parsed thread_kernel samples (``_parse_kernel``)."""
 
-    def __init__(self, size: int = 4096):
+    def __init__(self, size: int = 4096, fn=None):
         self.size = size
-        self._d: OrderedDict[int, tuple[Sample, dict]] = OrderedDict()
+        self.fn = fn or _classify_sample
+        self._d: OrderedDict[int, tuple[Sample, object]] = OrderedDict()
 
-    def get(self, s: Sample) -> dict:
+    def get(self, s: Sample):
         hit = self._d.get(id(s))
         if hit is not None and hit[0] is s:
             self._d.move_to_end(id(s))
             return hit[1]
-        res = _classify_sample(s)
+        res = self.fn(s)
         self._d[id(s)] = (s, res)
         while len(self._d) > self.size:
             self._d.popitem(last=False)
@@ -133,6 +135,25 @@ class _ClassifyCache:
             del self._d[key]
 
 
+# A stack's category and "is a DataLoader worker's loop" depend only on the (function, file) of
+# its frames in order and the innermost line's text (frame_rules.classify), and a process's stacks
+# repeat window after window: each distinct stack is classified once. Keys are the frames' names;
+# 8192 distinct stacks cover hours of a real job (the H200 recordings have < 300 each).
+_STACK_MEMO: dict[tuple, tuple[str, bool]] = {}
+_STACK_MEMO_MAX = 8192
+
+
+def _stack_class(frames: list, names: list, stack: list[int], leaf_code: str | None) -> tuple[str, bool]:
+    n = len(names)
+    key = (leaf_code, *[names[i] if 0 <= i < n else None for i in stack])
+    hit = _STACK_MEMO.get(key)
+    if hit is None:
+        if len(_STACK_MEMO) >= _STACK_MEMO_MAX:
+            _STACK_MEMO.clear()
+        hit = _STACK_MEMO[key] = (fr.classify(frames, stack, leaf_code)[0], fr.is_dataloader_worker(frames, stack))
+    return hit
+
+
 def _classify_sample(s: Sample) -> dict:
     """{tid: (name, n, Counter categories, Counter leaf frames, worker?)} of one stacks sample.
     Malformed parts (a damaged or hostile recording) are skipped, never trusted."""
@@ -146,6 +167,7 @@ def _classify_sample(s: Sample) -> dict:
         code = {}
     frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
               else ["?", "", 0] for f in frames]
+    names = [(f[0], f[1]) for f in frames]
     for th in threads:
         if not isinstance(th, dict):
             continue
@@ -166,14 +188,13 @@ def _classify_sample(s: Sample) -> dict:
             if count <= 0:
                 continue
             leaf_code = code.get(str(stack[-1])) if stack else None
-            cat, _why = fr.classify(frames, stack, leaf_code if isinstance(leaf_code, str) else None)
+            cat, in_worker = _stack_class(frames, names, stack, leaf_code if isinstance(leaf_code, str) else None)
             cats[cat] += count
             n += count
             if stack and 0 <= stack[-1] < len(frames):
                 f = frames[stack[-1]]
                 leaf[(f[0], f[1], f[2] if isinstance(f[2], int) else 0)] += count
-            if not worker and fr.is_dataloader_worker(frames, stack):
-                worker = True
+            worker = worker or in_worker
         dropped = th.get("dropped")
         if isinstance(dropped, int) and dropped > 0:
             cats[fr.UNKNOWN] += dropped
@@ -189,9 +210,55 @@ def _tid_key(tid) -> int | str:
     return tid
 
 
+def _parse_kernel(s: Sample) -> tuple | None:
+    """One thread_kernel sample, checked and taken apart once: (pid, main, gil_known, python,
+    rows), each row (tid, comm or None, ((class index, count > 0), ...) or None, span or None,
+    cpu or None, runq). ``span`` is None where the row gives no usable span (its counts and name
+    still count); ``cpu`` and ``runq`` are both given or both None. The processor sums the same
+    samples 5 times (every 2 s over 10 s) and a torch process has tens of threads: reading each
+    row once was most of the thread states' cost (benchmarks/cpu_profile.py). None for a
+    malformed sample (a damaged or hostile recording): skipped, never trusted."""
+    try:
+        pid = int(s.key)
+    except ValueError:
+        return None
+    cols = s.data.get("cols")
+    rows = s.data.get("threads")
+    if not isinstance(cols, list) or not isinstance(rows, list):
+        return None
+    idx = {c: i for i, c in enumerate(cols) if isinstance(c, str)}
+    if "tid" not in idx:
+        return None
+    i_tid, i_name = idx["tid"], idx.get("name")
+    i_span, i_cpu, i_runq = idx.get("span_s"), idx.get("cpu_s"), idx.get("runq_s")
+    classes = [(idx[c], _K[c]) for c in WAIT_CLASSES if c in idx]
+    n_cols = len(cols)
+    out = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != n_cols:
+            continue
+        tid = row[i_tid]
+        if isinstance(tid, bool) or not isinstance(tid, (int, str)):
+            continue
+        comm = row[i_name] if i_name is not None and isinstance(row[i_name], str) else None
+        counts = tuple((k, v) for j, k in classes
+                       if isinstance(v := row[j], int) and not isinstance(v, bool) and v > 0) or None
+        span = _num(row[i_span]) if i_span is not None else None
+        cpu = _num(row[i_cpu]) if i_cpu is not None else None
+        runq = _num(row[i_runq]) if i_runq is not None else None
+        if span is not None and span <= 0:
+            span = None
+        if cpu is None or runq is None or cpu < 0 or runq < 0:
+            cpu = runq = None
+        out.append((_tid_key(tid), comm, counts, span, cpu, runq))
+    return pid, s.data.get("main") is True, s.data.get("gil_known") is True, s.data.get("python") is True, out
+
+
 def aggregate(stacks: Iterable[Sample], kernel: Iterable[Sample],
-              cache: _ClassifyCache | None = None) -> dict[tuple[int, int | str], ThreadAgg]:
-    """Sum raw stack and kernel samples per thread."""
+              cache: _ClassifyCache | None = None,
+              kcache: _ClassifyCache | None = None) -> dict[tuple[int, int | str], ThreadAgg]:
+    """Sum raw stack and kernel samples per thread. ``cache`` / ``kcache``: the processor's
+    caches of classified stacks samples / parsed kernel samples, which outlive one call."""
     cache = cache or _ClassifyCache()
     aggs: dict[tuple[int, int | str], ThreadAgg] = {}
     worker_pids: set[int] = set()
@@ -219,44 +286,30 @@ def aggregate(stacks: Iterable[Sample], kernel: Iterable[Sample],
             if worker:
                 worker_pids.add(pid)
     for s in kernel:
-        try:
-            pid = int(s.key)
-        except ValueError:
+        parsed = kcache.get(s) if kcache is not None else _parse_kernel(s)
+        if parsed is None:
             continue
-        cols = s.data.get("cols")
-        rows = s.data.get("threads")
-        if not isinstance(cols, list) or not isinstance(rows, list):
-            continue
-        idx = {c: i for i, c in enumerate(cols) if isinstance(c, str)}
-        if "tid" not in idx:
-            continue
-        gil_known = s.data.get("gil_known") is True
-        for row in rows:
-            if not isinstance(row, list) or len(row) != len(cols):
-                continue
-            tid = row[idx["tid"]]
-            if isinstance(tid, bool) or not isinstance(tid, (int, str)):
-                continue
-            a = get(pid, _tid_key(tid))
-            a.main_proc = a.main_proc or s.data.get("main") is True
-            if "name" in idx and isinstance(row[idx["name"]], str):
-                a.comm = row[idx["name"]]
-            for c in WAIT_CLASSES:
-                v = row[idx[c]] if c in idx else None
-                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                    a.k[_K[c]] += v
-            span = _num(row[idx["span_s"]]) if "span_s" in idx else None
-            cpu = _num(row[idx["cpu_s"]]) if "cpu_s" in idx else None
-            runq = _num(row[idx["runq_s"]]) if "runq_s" in idx else None
-            if span is None or span <= 0:
+        pid, main, gil_known, python, rows = parsed
+        for tid, comm, counts, span, cpu, runq in rows:
+            a = aggs.get((pid, tid))   # get() inlined: this loop runs per thread per second of window
+            if a is None:
+                a = aggs[(pid, tid)] = ThreadAgg(pid, tid)
+            a.main_proc = a.main_proc or main
+            if comm is not None:
+                a.comm = comm
+            if counts is not None:
+                k = a.k
+                for i, v in counts:
+                    k[i] += v
+            if span is None:
                 continue
             a.span_s += span
-            if cpu is not None and runq is not None and cpu >= 0 and runq >= 0:
+            if cpu is not None:
                 a.cpu_s = (a.cpu_s or 0.0) + cpu
                 a.runq_s = (a.runq_s or 0.0) + runq
                 a.sched_span_s += span
             a.gil_known = gil_known if a.gil_known is None else (a.gil_known and gil_known)
-            a.python_proc = s.data.get("python") is True
+            a.python_proc = python
     for (pid, _tid), a in aggs.items():
         a.worker = pid in worker_pids
     return aggs
@@ -432,6 +485,7 @@ class ThreadStateProcessor:
         self.horizon_s = horizon_s
         self.native_min_cpu = native_min_cpu
         self._cache = _ClassifyCache()
+        self._kcache = _ClassifyCache(fn=_parse_kernel)
 
     def process(self, store, now: float) -> list[Sample]:
         since = now - self.horizon_s
@@ -439,13 +493,15 @@ class ThreadStateProcessor:
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
         if not stacks and not kernel:
             return []
-        aggs = aggregate(stacks, kernel, self._cache)
+        aggs = aggregate(stacks, kernel, self._cache, self._kcache)
         self._cache.forget_before(since)
+        self._kcache.forget_before(since)
         return [Sample(now, KIND_THREAD_STATE, f"{d['pid']}:{d['tid']}", d)
                 for d in thread_states(aggs, self.native_min_cpu)]
 
     def reset(self) -> None:
         self._cache.clear()
+        self._kcache.clear()
 
 
 # ---------------------------------------------------------------------------------------------
