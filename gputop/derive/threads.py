@@ -4,7 +4,7 @@ Input: the stack source's raw samples (gputop/sources/stacks.py), live or replay
 
 - ``stacks``/PID: py-spy windows: per thread, de-duplicated stacks with sample counts;
 - ``thread_kernel``/PID: per thread, counts of kernel wait classes (``run``, ``gil``, ``lock``,
-  ``sleep``, ``poll``, ``io``, ``other``) sampled at ~50 Hz, and exact on-CPU and run-queue
+  ``sleep``, ``poll``, ``io``, ``other``) sampled at ~25 Hz, and exact on-CPU and run-queue
   seconds from schedstat.
 
 Output (the ``ThreadStateProcessor``, every 2 s, over the last ``horizon_s`` = 10 s):
