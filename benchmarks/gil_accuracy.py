@@ -3,6 +3,7 @@ the workload, over exactly the same window.
 
     python benchmarks/gil_accuracy.py OUT_DIR [--repeats 3] [--duration 12] [--warmup 4]
                                       [--cases gil,data,sync] [--rate 20] [--window 2]
+                                      [--kernel-rate HZ]   (default: the source's DEFAULT_KERNEL_RATE_HZ)
 
 Cases (tests/workloads/stacks_gil.py, stacks_dataloader.py):
   spin0 / spin1 / spin3: main thread pure Python + 0, 1, 3 pure-Python spinners + a sleeper;
@@ -35,7 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gputop.derive.threads import aggregate, thread_states  # noqa: E402
-from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL, StackSource  # noqa: E402
+from gputop.sources.stacks import DEFAULT_KERNEL_RATE_HZ, KIND_STACKS, KIND_THREAD_KERNEL, StackSource  # noqa: E402
 from gputop.sources.target import Target  # noqa: E402
 
 WORKLOADS = ROOT / "tests" / "workloads"
@@ -93,14 +94,15 @@ class Workload:
         self.proc.wait()
 
 
-def measure(script: str, args: list[str], warmup: float, duration: float, rate: int, window: int) -> dict:
+def measure(script: str, args: list[str], warmup: float, duration: float, rate: int, window: int,
+            kernel_rate: float = DEFAULT_KERNEL_RATE_HZ) -> dict:
     wl = Workload(script, [*args, "--duration", str(warmup + duration + 60)])
     try:
         wl.wait_first()
         time.sleep(1.0)  # workers forked, threads started
         clock = Clock()
         got: list = []
-        src = StackSource(clock, Target(wl.proc.pid), rate_hz=rate, window_s=window)
+        src = StackSource(clock, Target(wl.proc.pid), rate_hz=rate, window_s=window, kernel_rate_hz=kernel_rate)
         src.start(got.append)
         time.sleep(warmup + duration)
         src.stop()
@@ -177,7 +179,11 @@ def main() -> int:
     ap.add_argument("--cases", default="gil,data,sync")
     ap.add_argument("--rate", type=int, default=20)
     ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--kernel-rate", type=float, default=DEFAULT_KERNEL_RATE_HZ,
+                    help="kernel wait sampler reads per thread per second (default %(default)s)")
     a = ap.parse_args()
+    if not a.kernel_rate > 0:
+        ap.error("--kernel-rate must be positive")
     out = pathlib.Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     want = set(a.cases.split(","))
@@ -203,7 +209,7 @@ def main() -> int:
     health = []
     for rep in range(a.repeats):
         for case, script, args, state in plan:
-            m = measure(script, args, a.warmup, a.duration, a.rate, a.window)
+            m = measure(script, args, a.warmup, a.duration, a.rate, a.window, a.kernel_rate)
             got = gil_rows(case, m) if state is None else wait_rows(
                 case, m, "next_s" if state == "data" else "sync_s", state)
             for r in got:
@@ -234,7 +240,7 @@ def main() -> int:
                      f"{fmt_range([r['idle'] for r in rs])} |")
     costs = [(h.get("pyspy_cpu_pct"), h.get("sampler_cpu_pct")) for h in health]
     footer = (f"\n{a.repeats} repeats x {a.duration:.0f} s windows (after {a.warmup:.0f} s warm-up), py-spy {a.rate} Hz, "
-              f"{a.window} s windows, kernel sampler 50 Hz; machine: {os.cpu_count()} CPUs, Python "
+              f"{a.window} s windows, kernel sampler {a.kernel_rate:g} Hz; machine: {os.cpu_count()} CPUs, Python "
               f"{sys.version.split()[0]}. Worst |error|: {worst:.1f} pp. gputop's own CPU (last health): py-spy "
               f"{fmt_range([c[0] for c in costs])} %, sampler {fmt_range([c[1] for c in costs])} % of one core.")
     table = "\n".join(lines) + "\n" + footer

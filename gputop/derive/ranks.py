@@ -29,6 +29,7 @@ import math
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROC, Sample
 from gputop.derive.steps import pool_collectives
 from gputop.session.store import SampleStore
+from gputop.sources.nvml_fields import GPM_HOLD_S   # GPM values come every 0.5 s
 from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
 from gputop.catalogue import KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_THREAD_STATE
@@ -157,7 +158,7 @@ def rank_table(source, now: float) -> list[dict]:
         row.update(gpu=gpu, gpu_from=gpu_from, gpus=[k for _m, k in on], gpu_mem=on[0][0] if on else None)
         sm = util = None
         if gpu is not None:
-            sm = _num(_value_at(r, KIND_GPU, gpu, "sm_active", ref_t, now))
+            sm = _num(_value_at(r, KIND_GPU, gpu, "sm_active", ref_t, now, max_age_s=GPM_HOLD_S))
             util = _num(_value_at(r, KIND_GPU, gpu, "util_gpu", ref_t, now))
         row.update(sm_active=sm, util_gpu=util)
         ps = _at(r, KIND_PROBE_STEP, str(pid), ref_t, now)

@@ -4,7 +4,7 @@ Input: the stack source's raw samples (gputop/sources/stacks.py), live or replay
 
 - ``stacks``/PID: py-spy windows: per thread, de-duplicated stacks with sample counts;
 - ``thread_kernel``/PID: per thread, counts of kernel wait classes (``run``, ``gil``, ``lock``,
-  ``sleep``, ``poll``, ``io``, ``other``) sampled at ~50 Hz, and exact on-CPU and run-queue
+  ``sleep``, ``poll``, ``io``, ``other``) sampled at ~25 Hz, and exact on-CPU and run-queue
   seconds from schedstat.
 
 Output (the ``ThreadStateProcessor``, every 2 s, over the last ``horizon_s`` = 10 s):
@@ -31,13 +31,15 @@ from frames alone. Nothing is guessed: a share that cannot be known is None.
 
 from __future__ import annotations
 
-import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
+from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
+    _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
+)
 from gputop.model import KIND_HEALTH, MetricSpec, Sample
 from gputop.catalogue import KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES
 from gputop.catalogue import SOURCE_STACKS as SOURCE_NAME
@@ -99,100 +101,11 @@ class ThreadAgg:
     python_proc: bool | None = None
 
 
-def _num(x) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return float(x)
-
-
-class _ClassifyCache:
-    """Stacks samples are immutable: classify each once. Keyed by identity; the sample is kept
-    in the entry so its id cannot be reused while cached."""
-
-    def __init__(self, size: int = 4096):
-        self.size = size
-        self._d: OrderedDict[int, tuple[Sample, dict]] = OrderedDict()
-
-    def get(self, s: Sample) -> dict:
-        hit = self._d.get(id(s))
-        if hit is not None and hit[0] is s:
-            self._d.move_to_end(id(s))
-            return hit[1]
-        res = _classify_sample(s)
-        self._d[id(s)] = (s, res)
-        while len(self._d) > self.size:
-            self._d.popitem(last=False)
-        return res
-
-    def clear(self) -> None:
-        self._d.clear()
-
-    def forget_before(self, t: float) -> None:
-        """Drop entries of samples older than ``t``: each entry keeps its (large) stacks sample
-        alive, so without this the cache would hold hours of them (the memory soak found it)."""
-        for key in [k for k, (s, _) in self._d.items() if s.t < t]:
-            del self._d[key]
-
-
-def _classify_sample(s: Sample) -> dict:
-    """{tid: (name, n, Counter categories, Counter leaf frames, worker?)} of one stacks sample.
-    Malformed parts (a damaged or hostile recording) are skipped, never trusted."""
-    out: dict = {}
-    frames = s.data.get("frames")
-    code = s.data.get("code") or {}
-    threads = s.data.get("threads")
-    if not isinstance(frames, list) or not isinstance(threads, list):
-        return out
-    if not isinstance(code, dict):
-        code = {}
-    frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
-              else ["?", "", 0] for f in frames]
-    for th in threads:
-        if not isinstance(th, dict):
-            continue
-        tid = th.get("tid")
-        if isinstance(tid, bool) or not isinstance(tid, (int, str)):
-            continue
-        cats: Counter = Counter()
-        leaf: Counter = Counter()
-        worker = False
-        n = 0
-        for entry in th.get("stacks") or []:
-            try:
-                count, stack = entry
-                count = int(count)
-                stack = [int(i) for i in stack]
-            except (TypeError, ValueError):
-                continue
-            if count <= 0:
-                continue
-            leaf_code = code.get(str(stack[-1])) if stack else None
-            cat, _why = fr.classify(frames, stack, leaf_code if isinstance(leaf_code, str) else None)
-            cats[cat] += count
-            n += count
-            if stack and 0 <= stack[-1] < len(frames):
-                f = frames[stack[-1]]
-                leaf[(f[0], f[1], f[2] if isinstance(f[2], int) else 0)] += count
-            if not worker and fr.is_dataloader_worker(frames, stack):
-                worker = True
-        dropped = th.get("dropped")
-        if isinstance(dropped, int) and dropped > 0:
-            cats[fr.UNKNOWN] += dropped
-            n += dropped
-        name = th.get("name") if isinstance(th.get("name"), str) else None
-        out[tid] = (name, n, cats, leaf, worker)
-    return out
-
-
-def _tid_key(tid) -> int | str:
-    if isinstance(tid, str) and tid.isdigit():
-        return int(tid)
-    return tid
-
-
 def aggregate(stacks: Iterable[Sample], kernel: Iterable[Sample],
-              cache: _ClassifyCache | None = None) -> dict[tuple[int, int | str], ThreadAgg]:
-    """Sum raw stack and kernel samples per thread."""
+              cache: _ClassifyCache | None = None,
+              kcache: _ClassifyCache | None = None) -> dict[tuple[int, int | str], ThreadAgg]:
+    """Sum raw stack and kernel samples per thread. ``cache`` / ``kcache``: the processor's
+    caches of classified stacks samples / parsed kernel samples, which outlive one call."""
     cache = cache or _ClassifyCache()
     aggs: dict[tuple[int, int | str], ThreadAgg] = {}
     worker_pids: set[int] = set()
@@ -220,44 +133,30 @@ def aggregate(stacks: Iterable[Sample], kernel: Iterable[Sample],
             if worker:
                 worker_pids.add(pid)
     for s in kernel:
-        try:
-            pid = int(s.key)
-        except ValueError:
+        parsed = kcache.get(s) if kcache is not None else _parse_kernel(s)
+        if parsed is None:
             continue
-        cols = s.data.get("cols")
-        rows = s.data.get("threads")
-        if not isinstance(cols, list) or not isinstance(rows, list):
-            continue
-        idx = {c: i for i, c in enumerate(cols) if isinstance(c, str)}
-        if "tid" not in idx:
-            continue
-        gil_known = s.data.get("gil_known") is True
-        for row in rows:
-            if not isinstance(row, list) or len(row) != len(cols):
-                continue
-            tid = row[idx["tid"]]
-            if isinstance(tid, bool) or not isinstance(tid, (int, str)):
-                continue
-            a = get(pid, _tid_key(tid))
-            a.main_proc = a.main_proc or s.data.get("main") is True
-            if "name" in idx and isinstance(row[idx["name"]], str):
-                a.comm = row[idx["name"]]
-            for c in WAIT_CLASSES:
-                v = row[idx[c]] if c in idx else None
-                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                    a.k[_K[c]] += v
-            span = _num(row[idx["span_s"]]) if "span_s" in idx else None
-            cpu = _num(row[idx["cpu_s"]]) if "cpu_s" in idx else None
-            runq = _num(row[idx["runq_s"]]) if "runq_s" in idx else None
-            if span is None or span <= 0:
+        pid, main, gil_known, python, rows = parsed
+        for tid, comm, counts, span, cpu, runq in rows:
+            a = aggs.get((pid, tid))   # get() inlined: this loop runs per thread per second of window
+            if a is None:
+                a = aggs[(pid, tid)] = ThreadAgg(pid, tid)
+            a.main_proc = a.main_proc or main
+            if comm is not None:
+                a.comm = comm
+            if counts is not None:
+                k = a.k
+                for i, v in counts:
+                    k[i] += v
+            if span is None:
                 continue
             a.span_s += span
-            if cpu is not None and runq is not None and cpu >= 0 and runq >= 0:
+            if cpu is not None:
                 a.cpu_s = (a.cpu_s or 0.0) + cpu
                 a.runq_s = (a.runq_s or 0.0) + runq
                 a.sched_span_s += span
             a.gil_known = gil_known if a.gil_known is None else (a.gil_known and gil_known)
-            a.python_proc = s.data.get("python") is True
+            a.python_proc = python
     for (pid, _tid), a in aggs.items():
         a.worker = pid in worker_pids
     return aggs
@@ -433,6 +332,7 @@ class ThreadStateProcessor:
         self.horizon_s = horizon_s
         self.native_min_cpu = native_min_cpu
         self._cache = _ClassifyCache()
+        self._kcache = _ClassifyCache(fn=_parse_kernel)
 
     def process(self, store, now: float) -> list[Sample]:
         since = now - self.horizon_s
@@ -440,13 +340,15 @@ class ThreadStateProcessor:
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
         if not stacks and not kernel:
             return []
-        aggs = aggregate(stacks, kernel, self._cache)
+        aggs = aggregate(stacks, kernel, self._cache, self._kcache)
         self._cache.forget_before(since)
+        self._kcache.forget_before(since)
         return [Sample(now, KIND_THREAD_STATE, f"{d['pid']}:{d['tid']}", d)
                 for d in thread_states(aggs, self.native_min_cpu)]
 
     def reset(self) -> None:
         self._cache.clear()
+        self._kcache.clear()
 
 
 # ---------------------------------------------------------------------------------------------

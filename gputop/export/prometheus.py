@@ -64,7 +64,7 @@ class ExporterError(Exception):
 
 PCT = 0.01
 
-# GPM fields: read on about 60% of GPU samples (>= 100 ms apart), so the newest non-None value.
+# GPM fields: read on about 1 GPU sample in 5 (every GPM_EVERY_S, 0.5 s), so the newest non-None value.
 GPM_LATEST = frozenset({*GPM_FIELDS, "gpm_window_s"})
 # Read by the NVML slow loop every ENERGY_EVERY_S (its 1 Hz ticks jittered up to 4 s, then carried
 # by the next fast sample): the newest reading, served while younger than 2.5 of those intervals.

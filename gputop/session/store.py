@@ -157,7 +157,7 @@ class SampleStore:
     def latest_value(self, kind: str, key: str, name: str, max_age_s: float = 1.0):
         """The newest non-None value of one field, if it is at most ``max_age_s`` older than the
         newest sample of that series. Fields that are measured less often than their series is
-        sampled (GPM counters: >= 100 ms apart, on about 60% of 10 Hz samples) need this."""
+        sampled (GPM counters: every 0.5 s, on about 1 in 5 of the 10 Hz samples) need this."""
         with self._lock:
             dq = self._series.get(kind, {}).get(key)
             if not dq:

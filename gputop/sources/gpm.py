@@ -2,9 +2,11 @@
 per-GPU snapshot buffers and the readings (``GpmReadings``, mixed into ``NvmlSource``).
 
 GPM values are the difference of two GPM snapshots, and two snapshots closer than 100 ms give
-silent garbage (measured on an H200: SM active 0.0 and DRAM NaN), so a GPU's GPM snapshot is taken
-only when its previous one is at least ``GPM_MIN_GAP_S`` old; on the other ticks the GPM fields
-are None.
+silent garbage (measured on an H200: SM active 0.0 and DRAM NaN), so ``GPM_MIN_GAP_S`` is a hard
+floor. A GPU's GPM snapshot is taken only when its previous one is at least ``GPM_EVERY_S`` (0.5 s,
+nvml_fields.py: the metrics call costs ~1 ms) old; on the other ticks of the ~10 Hz fast loop the
+GPM fields and ``gpm_window_s`` are None, so about 1 gpu sample in 5-6 carries them, each the
+mean over its ``gpm_window_s``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from gputop.model import clean_float
 from gputop.sources.nvml_errors import _code, _is_too_old, is_permanent, nv, nvml_reason
-from gputop.sources.nvml_fields import GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, NVLINK_FIELDS, PCIE_FIELDS
+from gputop.sources.nvml_fields import (GPM_EVERY_S, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, NVLINK_FIELDS,
+                                       PCIE_FIELDS)
 
 if TYPE_CHECKING:
     from gputop.sources.nvml_gpu import _Gpu
@@ -25,10 +28,11 @@ GPM_MIN_GAP_S = 0.1
 
 
 class GpmGate:
-    """Allows a GPM snapshot only when the previous one is at least GPM_MIN_GAP_S old."""
+    """Allows a GPM snapshot only when the previous one is at least ``min_gap_s`` old (default
+    GPM_EVERY_S; never below the GPM_MIN_GAP_S floor)."""
 
-    def __init__(self, min_gap_s: float = GPM_MIN_GAP_S) -> None:
-        self.min_gap_s = min_gap_s
+    def __init__(self, min_gap_s: float = GPM_EVERY_S) -> None:
+        self.min_gap_s = max(GPM_MIN_GAP_S, float(min_gap_s))
         self.last: float | None = None
 
     def due(self, now: float) -> bool:

@@ -1,4 +1,4 @@
-"""The kernel wait sampler: per thread, which kind of wait it is in, ~50 times a second.
+"""The kernel wait sampler: per thread, which kind of wait it is in, ~25 times a second.
 
 One ``pread`` of /proc/PID/task/TID/syscall says "running" or the system call the thread is
 blocked in with its arguments. That is how **GIL wait** is measured: py-spy shows a thread

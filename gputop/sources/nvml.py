@@ -7,8 +7,9 @@ Two threads, each at its own jittered rate:
   GPM (Hopper and newer), the GPM metrics SM active, SM occupancy, tensor active, DRAM bandwidth,
   graphics engine active, PCIe and NVLink rates. GPM values are the difference of two GPM
   snapshots, and two snapshots closer than 100 ms give silent garbage (measured on an H200: SM
-  active 0.0 and DRAM NaN), so a GPU's GPM snapshot is taken only when its previous one is at
-  least ``GPM_MIN_GAP_S`` old; on the other ticks the GPM fields are None.
+  active 0.0 and DRAM NaN), and the metrics call costs ~1 ms, so a GPU's GPM snapshot is taken
+  only when its previous one is at least ``GPM_EVERY_S`` (0.5 s; never under the 100 ms
+  ``GPM_MIN_GAP_S``) old; on the other ticks the GPM fields are None (gpm.py).
 * the **slow loop** (``slow_interval_s``, ~1 Hz): the processes on each GPU (which GPUs the
   target uses, and their GPU memory and SM %), the power limit, and, on GPUs without GPM only,
   ``nvmlDeviceGetPcieThroughput``, which blocks ~20 ms per call and so never runs in the fast loop.
@@ -47,8 +48,8 @@ from gputop.sources.nvml_errors import (  # noqa: F401
     NO_DRIVER_TAIL, _code, _err_code, init_failure_message, is_permanent, nv, nvml_reason,
 )
 from gputop.sources.nvml_fields import (  # noqa: F401
-    CLOCK_EVENT_REASONS, CLOCK_EVENT_WORDS, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, GPU_FIELDS, METRICS, MIB,
-    NVLINK_FIELDS, PCIE_FIELDS,
+    CLOCK_EVENT_REASONS, CLOCK_EVENT_WORDS, GPM_EVERY_S, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, GPU_FIELDS,
+    METRICS, MIB, NVLINK_FIELDS, PCIE_FIELDS,
 )
 from gputop.sources.nvml_gpu import CLOCK_EVENT_BITS, GpuReadings, _Gpu, decode_clock_events  # noqa: F401
 from gputop.sources.nvml_slow import SlowLoop, kbps_to_mibs  # noqa: F401
@@ -144,7 +145,7 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                           "gpu_procs_hz": round(1.0 / self.slow_interval_s, 3),
                           "jitter": f"shifted exponential, mean = interval, within "
                                     f"[{JITTER_FLOOR}, {JITTER_CAP}] x interval",
-                          "gpm_min_gap_s": GPM_MIN_GAP_S},
+                          "gpm_min_gap_s": GPM_MIN_GAP_S, "gpm_every_s": GPM_EVERY_S},
             }
         return out
 

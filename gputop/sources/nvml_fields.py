@@ -10,6 +10,18 @@ from __future__ import annotations
 from gputop.catalogue import KIND_GPU, KIND_GPU_PROCS, MetricSpec, dcgm_same
 
 ENERGY_EVERY_S = 5.0   # how often the NVML slow loop reads the total energy counter (nvml_gpu.py)
+# How often the fast loop takes a GPM snapshot (gpm.py; the cheap counters stay at the loop's
+# ~10 Hz). nvmlGpmMetricsGet costs ~0.9-1.5 ms a call against ~2-9 us for each cheap call: at
+# every >= 100 ms it was 1.7% of a core on the H200, most of the NVML source's cost. A GPM value
+# is the mean over the whole time since the previous snapshot, so reading it less often loses no
+# time coverage, only resolution of bursts shorter than this (the sparklines' cells are wider).
+# Here (no pynvml import) so that the UI and the exporter can size how long a value holds.
+GPM_EVERY_S = 0.5
+# How long a GPM value stands for "now" in views that show the latest one (the UI's current
+# values, the ranks table, the stall snapshot): the fast loop's gap is at most 4x its 0.1 s
+# interval, so two snapshots are at most ~0.9 s apart on a machine that keeps up; 2 s leaves room
+# for a busy one without showing a value from a different phase of the job.
+GPM_HOLD_S = 2.0
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ Two samplers run on one thread ("gputop-stacks"), neither pauses the target:
    process: de-duplicated stacks with counts, a frame table, and the source text of the
    innermost line of each stack for the rules that need to see ``.item()`` or ``time.sleep(``.
 
-2. **The kernel**, per thread, at ~50 Hz with jittered (Poisson) intervals
+2. **The kernel**, per thread, at ~25 Hz with jittered (Poisson) intervals
    (gputop/sources/kernel_wait.py): running, or blocked in which kind of wait -- the GIL, a
    lock, a sleep, poll, I/O -- plus exact on-CPU and run-queue time, published as one
    ``thread_kernel`` sample per process per second.
@@ -49,9 +49,30 @@ from gputop.catalogue import KIND_STACKS, SOURCE_STACKS  # the kinds' home; KIND
 
 SOURCE_NAME = SOURCE_STACKS
 
-DEFAULT_RATE_HZ = 20          # py-spy samples per second (benchmarks/stacks_overhead.py)
+# py-spy samples per second (benchmarks/stacks_overhead.py). Kept at 20 (issue 14 weighed 10, or
+# 20 for the first 30 s then 10): py-spy's frames are the only source of the named waits (data,
+# CUDA sync, collective) and of the time budget's moments, and those are judged as shares of
+# short windows: thread states over 10 s, the budget over 20 s, a young phase over 3 s. A share
+# p of n samples has binomial noise sqrt(p(1-p)/n): at 10 Hz over 10 s (n = 100) that is 4 points
+# at the 20% thresholds (INPUT_BOUND_SHARE, SYNC_STALL_SHARE, COMM_BOUND_SHARE; 2.8 at 20 Hz), so
+# a job truly 25% input-bound misses its verdict in ~12% of windows instead of ~5%; the 5% I/O
+# stall share over 20 s has 1.5 points of noise on 5 (1.1 at 20 Hz); and the stall finder needs 3
+# moments for a MIN_STALL_S = 0.25 s stall at 10 Hz (5 at 20 Hz), so a 0.3 s stall is found only
+# when the sampling happens to straddle it. A ramp keeps first verdicts fast but has the same
+# steady-state noise. The saving would be ~30% of py-spy's cost (docs/metrics.md: 4.9 -> 3.4% on
+# the 2-core box), not enough alone for the 2% goal, so accuracy wins.
+DEFAULT_RATE_HZ = 20
 DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole seconds)
-DEFAULT_KERNEL_RATE_HZ = 50   # /proc syscall reads per thread per second
+# /proc syscall reads per thread per second. 25, not 50: the wake-ups of this loop were 1.1% of
+# a core on the H200 (benchmarks/cpu_profile.py), and what the rate buys is the GIL share of a
+# thread's *off-CPU* time only (on-CPU and run-queue time are exact, from schedstat), so a thread
+# that spins or computes is exact at any rate. For one that mixes sleeping and GIL waits, the share
+# is off x (GIL samples / off-CPU samples): binomial noise of off x sqrt(q(1-q)/n_off), at worst
+# (all off-CPU, q = 0.5) 1/(2 sqrt(250)) = 3.2 points at 25 Hz over the 10 s window (2.2 at 50 Hz),
+# typically (off 0.9, q 0.15) 1.5 points. benchmarks/gil_accuracy.py (2-core box, load ~16, 3
+# alternated runs each): worst |error| 3.6 points at 25 Hz, 6.4 at 50 Hz, 8.3 at 33 Hz -- load,
+# not the rate, dominates; the goal is +-5.
+DEFAULT_KERNEL_RATE_HZ = 25
 DEFAULT_SUBPROCESS_EVERY = 5  # every 5th window also samples child processes (--subprocesses)
 KERNEL_EMIT_S = 1.0           # one thread_kernel sample per process per second
 HEALTH_CHECK_S = 0.25         # how often the loop looks whether health has something new to say

@@ -24,6 +24,7 @@ import time
 
 from gputop.catalogue import KIND_GPU, KIND_STALL, KIND_STALL_SNAPSHOT
 from gputop.model import KIND_HEALTH, Sample, health_data
+from gputop.sources.nvml_fields import GPM_FIELDS, GPM_HOLD_S
 from gputop.sources.pyspy import find_pyspy
 from gputop.sources.target import dies_with_parent
 
@@ -32,6 +33,23 @@ MAX_THREADS = 64        # threads kept per rank
 MAX_FRAMES = 48         # frames kept per thread (innermost first)
 MAX_TEXT = 300          # characters of a file name or function name
 GPU_FIELDS = ("util_gpu", "sm_active", "mem_used", "mem_total", "power_w", "tensor_active", "dram_bw")
+
+
+def held_gpu_fields(prev: dict | None, prev_t: dict | None, s: Sample) -> tuple[dict, dict]:
+    """The GPU readings a snapshot shows, from the newest ``gpu`` sample, and when each was read.
+    GPM fields come in about 1 sample in 5 (every GPM_EVERY_S): one the newest sample left None
+    keeps its previous value while that is at most GPM_HOLD_S old, so the snapshot says SM active
+    whenever GPM gives it, not only when the stall landed on a GPM sample."""
+    out: dict = {}
+    when: dict = {}
+    for f in GPU_FIELDS:
+        v = s.data.get(f)
+        if v is not None:
+            when[f] = s.t
+        elif f in GPM_FIELDS and prev and prev_t and prev.get(f) is not None and s.t - prev_t[f] <= GPM_HOLD_S:
+            v, when[f] = prev[f], prev_t[f]
+        out[f] = v
+    return out, when
 
 
 def _text(v) -> str:
@@ -92,6 +110,7 @@ class StallSnapshotSource:
         self.timeout_s = timeout_s
         self._emit = None
         self._gpu: dict[str, dict] = {}     # the newest readings of each GPU
+        self._gpu_t: dict[str, dict] = {}   # when each of them was read
         self._done_since = None             # the stall already snapshotted
         self._busy = threading.Lock()
         self.taken = 0
@@ -113,7 +132,7 @@ class StallSnapshotSource:
     def on_samples(self, samples: list[Sample]) -> None:
         for s in samples:
             if s.kind == KIND_GPU:
-                self._gpu[s.key] = {f: s.data.get(f) for f in GPU_FIELDS}
+                self._gpu[s.key], self._gpu_t[s.key] = held_gpu_fields(self._gpu.get(s.key), self._gpu_t.get(s.key), s)
             elif s.kind == KIND_STALL and s.key == "job" and s.get("stalled") and self._emit is not None:
                 since = s.get("since")
                 if since != self._done_since and not self._busy.locked():

@@ -12,6 +12,7 @@ from typing import Any
 
 from gputop.model import Sample
 from gputop.session.whole_replay import recorded_kind
+from gputop.sources.nvml_fields import GPM_HOLD_S
 from gputop.ui.fmt import HOLD_S, cell_means
 
 
@@ -53,11 +54,12 @@ class Snapshot:
     def latest(self, kind: str, key: str) -> Sample | None:
         return self.latest_of_kind(kind).get(key)
 
-    def current(self, kind: str, key: str, max_age_s: float = 0.6) -> dict:
+    def current(self, kind: str, key: str, max_age_s: float = GPM_HOLD_S) -> dict:
         """The newest values of one series: the latest sample's data, with fields it left None
-        filled from samples at most ``max_age_s`` older. GPM counters are read at most every
-        100 ms, so at 10 Hz about 40% of "gpu" samples carry None for them; without this the
-        panels would flicker between a number and n/a."""
+        filled from samples at most ``max_age_s`` older. GPM counters are read every
+        GPM_EVERY_S (0.5 s), so about 4 in 5 "gpu" samples carry None for them (and PCIe
+        without GPM comes once a second); without this the panels would flicker between a
+        number and n/a."""
         latest = self.latest(kind, key)
         if latest is None:
             return {}
