@@ -10,8 +10,9 @@ OUTDIR/agent_cost.json. Goal: <= ~1% of a core per job.
 
 The parts (printed and in the JSON as ``parts_pct_per_job``): each agent thread's CPU from
 /proc/AGENT/task/*/stat, summed by its kernel name (gputop names its threads: gputop-stacks,
-gputop-derive, ...; one of each per job) and divided by the jobs, and py-spy: the rest of the
-tree (its reaped and live windows).
+gputop-derive, ...; one of each per job) and divided by the jobs; "exited threads": the
+process's CPU that no live thread holds (the exporter's thread per scrape); py-spy: its
+children, reaped and live.
 """
 
 from __future__ import annotations
@@ -49,6 +50,25 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def own_and_children_cpu(pid: int) -> tuple[float, float]:
+    """(CPU seconds of the process itself, of its children: reaped and live)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        t = p.cpu_times()
+        kids = t.children_user + t.children_system
+        for c in p.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                kids += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return t.user + t.system, kids
+    except psutil.Error:
+        return float("nan"), float("nan")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -71,13 +91,13 @@ def main() -> int:
             print(f"the agent did not find the {a.jobs} jobs; its log: {tmp}/agent.err", file=sys.stderr)
             return 1
         time.sleep(a.warmup)
-        c0, th0, t0 = tree_cpu(agent.pid), thread_cpu(agent.pid), time.monotonic()
+        c0, th0, oc0, t0 = tree_cpu(agent.pid), thread_cpu(agent.pid), own_and_children_cpu(agent.pid), time.monotonic()
         scrapes = 0
         while time.monotonic() - t0 < a.window:   # a scrape every 5 s, like a Prometheus would
             jobs_served(port)
             scrapes += 1
             time.sleep(5)
-        c1, th1, t1 = tree_cpu(agent.pid), thread_cpu(agent.pid), time.monotonic()
+        c1, th1, oc1, t1 = tree_cpu(agent.pid), thread_cpu(agent.pid), own_and_children_cpu(agent.pid), time.monotonic()
         served = jobs_served(port)
     finally:
         agent.terminate()
@@ -88,7 +108,9 @@ def main() -> int:
     pct = 100 * (c1 - c0) / (t1 - t0)
     per_job = pct / a.jobs
     parts = {k: 100 * (v - th0.get(k, 0.0)) / (t1 - t0) / a.jobs for k, v in th1.items()}
-    parts["py-spy"] = per_job - sum(parts.values())
+    per = 100 / (t1 - t0) / a.jobs
+    parts["exited threads"] = (oc1[0] - oc0[0]) * per - sum(parts.values())
+    parts["py-spy"] = (oc1[1] - oc0[1]) * per
     parts = {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.005}
     res = {"jobs": a.jobs, "window_s": round(t1 - t0, 1), "agent_cpu_pct_of_core": round(pct, 2),
            "per_job_pct_of_core": round(per_job, 2), "parts_pct_per_job": parts, "scrapes": scrapes,

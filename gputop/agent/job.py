@@ -3,8 +3,9 @@
 The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
 (benchmarks/agent_cost.py, which prints the parts): GPU counters at 1 Hz (UI: 10 Hz), the host
 every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s), children in every 20th
-window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz), the time budget and
-the verdicts every 2 s (1 s), thread states every 4 s (2 s), new probes looked for every 3 s (1 s).
+window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz), the time budget, the
+stall detector and the verdicts every 4 s (1 s), thread states every 4 s (2 s), new probes
+looked for every 3 s (1 s).
 
 Why 20 s windows: py-spy has no streaming mode, so each window is a fresh ``py-spy record``
 whose start-up (attach, read the interpreter's and libtorch's symbols) costs ~20 ms of CPU on a
@@ -21,8 +22,10 @@ window (40 samples): enough to see a state that holds >= 20% of the time (the ve
 thresholds), not to split small shares; the kernel's samples (each second) still make up most
 of a thread state. tests/test_agent_stacks.py checks that a job without a probe is judged
 input-bound from its stacks at these rates, tests/test_agent_prometheus.py that the alert
-fires. The verdicts' hysteresis is in seconds, not runs, so running them every 2 s keeps their
-timing.
+fires. The verdicts' hysteresis is in seconds, not runs (on after 1.5 s, off after 5 s), so run
+every 4 s a verdict turns on at its second run that holds (4 s) and off after two that fail (8 s);
+the budget and the verdicts run in the same tick, so the budget they read is never stale; new
+stacks come every 20 s anyway.
 
 Everything a job does is caught here: a job that cannot start, or whose session fails to stop,
 is logged and forgotten; the agent goes on.
@@ -50,7 +53,7 @@ class Rates:
     stack_window_s: int = 20
     subprocess_every: int = 20
     kernel_rate_hz: float = 5.0
-    derive_every_s: float = 2.0      # the time budget and the verdicts
+    derive_every_s: float = 4.0      # the time budget, the stall detector and the verdicts
     thread_states_every_s: float = 4.0
     probe_scan_s: float = 3.0          # new probes looked for (a connected one pushes its data)
     stacks: bool = True
