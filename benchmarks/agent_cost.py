@@ -7,12 +7,19 @@ input-bound DataLoader loop on the CPU) with the probe, then ``gputop agent --ma
 exactly them; after the warm-up, the CPU time of the agent's whole process tree (the agent and
 its py-spy children) over the window, divided by the number of jobs. Writes
 OUTDIR/agent_cost.json. Goal: <= ~1% of a core per job.
+
+The parts (printed and in the JSON as ``parts_pct_per_job``): each agent thread's CPU from
+/proc/AGENT/task/*/stat, summed by its kernel name (gputop names its threads: gputop-stacks,
+gputop-derive, ...; one of each per job) and divided by the jobs; "exited threads": the
+process's CPU that no live thread holds (the exporter's thread per scrape); py-spy: its
+children, reaped and live.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -20,6 +27,46 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agent_common import free_port, jobs_served, start_agent, start_job, tree_cpu, wait_until, write_json  # noqa: E402
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of ``pid`` now, summed by the thread's kernel name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = "main" if tid == str(pid) else re.sub(r"-\d+$", "", name)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def own_and_children_cpu(pid: int) -> tuple[float, float]:
+    """(CPU seconds of the process itself, of its children: reaped and live)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        t = p.cpu_times()
+        kids = t.children_user + t.children_system
+        for c in p.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                kids += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return t.user + t.system, kids
+    except psutil.Error:
+        return float("nan"), float("nan")
 
 
 def main() -> int:
@@ -44,13 +91,13 @@ def main() -> int:
             print(f"the agent did not find the {a.jobs} jobs; its log: {tmp}/agent.err", file=sys.stderr)
             return 1
         time.sleep(a.warmup)
-        c0, t0 = tree_cpu(agent.pid), time.monotonic()
+        c0, th0, oc0, t0 = tree_cpu(agent.pid), thread_cpu(agent.pid), own_and_children_cpu(agent.pid), time.monotonic()
         scrapes = 0
         while time.monotonic() - t0 < a.window:   # a scrape every 5 s, like a Prometheus would
             jobs_served(port)
             scrapes += 1
             time.sleep(5)
-        c1, t1 = tree_cpu(agent.pid), time.monotonic()
+        c1, th1, oc1, t1 = tree_cpu(agent.pid), thread_cpu(agent.pid), own_and_children_cpu(agent.pid), time.monotonic()
         served = jobs_served(port)
     finally:
         agent.terminate()
@@ -60,14 +107,20 @@ def main() -> int:
             j.wait()
     pct = 100 * (c1 - c0) / (t1 - t0)
     per_job = pct / a.jobs
+    parts = {k: 100 * (v - th0.get(k, 0.0)) / (t1 - t0) / a.jobs for k, v in th1.items()}
+    per = 100 / (t1 - t0) / a.jobs
+    parts["exited threads"] = (oc1[0] - oc0[0]) * per - sum(parts.values())
+    parts["py-spy"] = (oc1[1] - oc0[1]) * per
+    parts = {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.005}
     res = {"jobs": a.jobs, "window_s": round(t1 - t0, 1), "agent_cpu_pct_of_core": round(pct, 2),
-           "per_job_pct_of_core": round(per_job, 2), "scrapes": scrapes,
+           "per_job_pct_of_core": round(per_job, 2), "parts_pct_per_job": parts, "scrapes": scrapes,
            "stacks": not a.no_stacks, "agent_args": a.agent_args,
            "served": served, "goal_pct_per_job": 1.0, "cpu_count": os.cpu_count(),
            "load1_at_end": os.getloadavg()[0]}
     print(f"{'jobs':>5} {'window s':>9} {'agent CPU % core':>17} {'per job':>8}  stacks")
     print(f"{a.jobs:>5} {res['window_s']:>9} {res['agent_cpu_pct_of_core']:>17} {res['per_job_pct_of_core']:>8}  "
           f"{'on' if res['stacks'] else 'off'}")
+    print("per job, by part (% of a core):", ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     print("wrote", write_json(a.outdir, f"agent_cost{'-' + a.label if a.label else ''}.json", res))
     return 0
 

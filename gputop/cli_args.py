@@ -311,7 +311,7 @@ def _add_agent_parser(sub, raw) -> None:
     ag.add_argument("--stack-rate", type=int, default=None, metavar="HZ",
                     help="py-spy samples per second per job (default 2; the UI uses 20)")
     ag.add_argument("--stack-window", type=int, default=None, metavar="S",
-                    help="seconds per py-spy run (default 10; the UI uses 2)")
+                    help="seconds per py-spy run (default 20; the UI uses 2)")
     ag.add_argument("--host-proc", metavar="DIR",
                     help="the host's /proc mounted here (in a container without hostPID): maps NVML's PIDs exactly")
     ag.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until a signal)")

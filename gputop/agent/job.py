@@ -1,18 +1,31 @@
 """One watched job: a headless live session on one process tree, at the agent's rates.
 
 The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
-(benchmarks/agent_cost.py); what each part cost at the UI's rates, measured on one input-bound
-CPU job: py-spy 1.7% (most of it the --subprocesses windows, 3.6% of a core while they run), the
-stack thread 0.4% (the kernel's wait sampler), the derive thread 0.6%. So: GPU counters at 1 Hz
-(UI: 10 Hz), the host every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 10 s windows (2 s),
-children in every 10th window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz),
-the time budget and the verdicts every 2 s (1 s), thread states every 4 s (2 s), new probes
-looked for every 3 s (1 s). Measured so on the same job over 100 s: py-spy 1.08% of a core at
-4/s, 0.65% at 2/s; the rest of the agent 0.85%. The verdicts pool ~10 s and the budget ~20 s of
-samples, so 2 stack samples/s give 20-40 per window (and the kernel sampler 50-100): enough to
-see a state that holds >= 20% of the time (the verdicts' thresholds), not to split small shares;
-tests/test_agent_prometheus.py checks that the input-bound verdict fires at these rates. The
-verdicts' hysteresis is in seconds, not runs, so running them every 2 s keeps their timing.
+(benchmarks/agent_cost.py, which prints the parts): GPU counters at 1 Hz (UI: 10 Hz), the host
+every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s), children in every 20th
+window only (5th), the kernel's wait sampler at 5 Hz per thread (50 Hz), the time budget, the
+stall detector and the verdicts every 4 s (1 s), thread states every 4 s (2 s), new probes
+looked for every 3 s (1 s).
+
+Why 20 s windows: py-spy has no streaming mode, so each window is a fresh ``py-spy record``
+whose start-up (attach, read the interpreter's and libtorch's symbols) costs ~20 ms of CPU on a
+torch job, about what 40 samples cost; fewer windows halve that. A ``--subprocesses`` window
+(DataLoader workers) costs ~25 ms per second it runs, whatever its rate (py-spy follows the
+process tree), so children are sampled 5% of the time; the verdicts read the workers' state
+from the host and kernel samplers, not from their stacks.
+
+What accuracy needs: the stacks of a window arrive when it ends, up to one window late. The
+time budget is kept over ``stack_window_s + 10`` s (UI: 20 s) and thread states over
+``stack_window_s + 5`` s (UI: 10 s), so the budget always holds >= 10 s of stacks (20 samples
+at 2/s, as with 10 s windows over the UI's 20 s) and each thread state at least one whole
+window (40 samples): enough to see a state that holds >= 20% of the time (the verdicts'
+thresholds), not to split small shares; the kernel's samples (each second) still make up most
+of a thread state. tests/test_agent_stacks.py checks that a job without a probe is judged
+input-bound from its stacks at these rates, tests/test_agent_prometheus.py that the alert
+fires. The verdicts' hysteresis is in seconds, not runs (on after 1.5 s, off after 5 s), so run
+every 4 s a verdict turns on at its second run that holds (4 s) and off after two that fail (8 s);
+the budget and the verdicts run in the same tick, so the budget they read is never stale; new
+stacks come every 20 s anyway.
 
 Everything a job does is caught here: a job that cannot start, or whose session fails to stop,
 is logged and forgotten; the agent goes on.
@@ -37,15 +50,17 @@ class Rates:
     gpu_interval_s: float = 1.0
     host_interval_s: float = 2.0
     stack_rate_hz: int = 2
-    stack_window_s: int = 10
-    subprocess_every: int = 10
+    stack_window_s: int = 20
+    subprocess_every: int = 20
     kernel_rate_hz: float = 5.0
-    derive_every_s: float = 2.0      # the time budget and the verdicts
+    derive_every_s: float = 4.0      # the time budget, the stall detector and the verdicts
     thread_states_every_s: float = 4.0
     probe_scan_s: float = 3.0          # new probes looked for (a connected one pushes its data)
     stacks: bool = True
 
 
+BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
+THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
 CLUSTER_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "JOB_ID")
 _LABEL_SAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
@@ -83,6 +98,15 @@ def read_environ(pid: int) -> dict | None:
     return out
 
 
+def widen_windows(p, stack_window_s: float) -> None:
+    """The budget's and the thread states' windows, widened so that they always hold stacks
+    although a py-spy window's samples arrive only when it ends (module docstring)."""
+    if p.name == "budget":
+        p.window_s = max(p.window_s, stack_window_s + BUDGET_STACKS_S)
+    elif p.name == "threads":
+        p.horizon_s = max(p.horizon_s, stack_window_s + THREADS_SLACK_S)
+
+
 class Job:
     """A started session on ``found``'s tree; ``stop()`` ends it. Raises TargetError (or anything
     else a broken process can make happen) from the constructor: the agent catches it."""
@@ -116,6 +140,8 @@ class Job:
         for p in processors:
             p.interval_s = rates.thread_states_every_s if p.name == "threads" else max(p.interval_s,
                                                                                          rates.derive_every_s)
+            if rates.stacks:
+                widen_windows(p, rates.stack_window_s)
         self.session = LiveSession(sources, clock, meta, processors=processors)
         self.recorder: RollingRecorder | None = None
         if state is not None:

@@ -1,0 +1,67 @@
+"""The agent's stack sampling at its defaults still judges a job: a real input-bound torch job
+without a probe (so the verdict can only come from py-spy's stacks and the kernel sampler) is
+named input-bound, and the time budget always holds >= ~10 s of stacks although a py-spy
+window's samples arrive only when the window ends, and the job, which steps all along, is never
+called stalled between two windows (gputop/agent/job.py says why)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from gputop.agent.agent import Agent
+from gputop.agent.job import BUDGET_STACKS_S, Rates
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_SCRIPT = "import sys\nfrom gputop.demo.workload import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
+    rates = Rates()
+    assert rates.stacks and rates.stack_window_s >= 20, "the defaults this test is about"
+    script = tmp_path / f"stackjob_{uuid.uuid4().hex[:8]}.py"
+    script.write_text(JOB_SCRIPT)
+    job = subprocess.Popen([sys.executable, str(script), "--scenario", "input_bound", "--duration", "120"],
+                           env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    agent = Agent(match=script.name, only_match=True, scan_s=1.0, rates=rates)
+    agent.start()
+    try:
+        verdict = None
+        coverage = []        # seconds of stacks in each budget window after the first stacks came
+        first_stacks = None
+        stalled = []         # a job that steps all along is never called stalled
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            jobs = agent.jobs_snapshot()
+            if not jobs:
+                continue
+            store = jobs[0].session.store
+            b = store.latest("budget", "window")
+            if b is not None and b.get("from") == "stacks":
+                first_stacks = first_stacks or time.monotonic()
+                coverage.append(b.get("seconds") or 0.0)
+            st = store.latest("stall", "job")
+            if st is not None and st.get("stalled"):
+                stalled.append(st.data)
+            v = store.latest("verdict", "input_bound")
+            if v is not None and v.get("active") and verdict is None:
+                verdict = v.data
+            # past the moment the second window's samples land (the first one's are the oldest then)
+            if verdict is not None and first_stacks and time.monotonic() - first_stacks > rates.stack_window_s + 4:
+                break
+        assert verdict is not None, "input_bound never fired from the stacks at the agent's rates"
+        assert verdict["evidence"]["from"] == "stacks", verdict["evidence"]
+        assert verdict["evidence"]["data_wait_share_pct"] >= 20, verdict["evidence"]
+        assert coverage and len(coverage) >= 2 * rates.stack_window_s, coverage
+        # py-spy's own spawn gap and a loaded box's late windows cost a few seconds at most
+        assert min(coverage) >= BUDGET_STACKS_S - 3, coverage
+        assert not stalled, stalled[:2]
+    finally:
+        agent.stop()
+        job.kill()
+        job.wait()
