@@ -3,6 +3,7 @@
     python benchmarks/long_recording.py OUTDIR [--hours 1] [--source tests/data/h200/real/hf_trainer-run.gtrec]
                                               [--seeks 20] [--play-minutes 10] [--keep]
     python benchmarks/long_recording.py OUTDIR --profile [--minutes 10]     # the recorder's CPU by part
+    python benchmarks/long_recording.py OUTDIR --seek-only FILE [--seeks 20]
 
 1. Builds OUTDIR/long.gtrec by feeding a real recording's samples, looped with shifted times
    until they cover ``--hours``, through the recorder itself (session/rerecord.py: each chunk
@@ -51,11 +52,14 @@ t = time.perf_counter()
 s = ReplaySession(path, processors=default_processors(), start_playing=False)
 open_s = time.perf_counter() - t
 rng = random.Random(14)
-times = []
+times, cpu = [], []
 for _ in range(seeks):
     at = rng.uniform(s.t_start, s.t_end)
-    t = time.perf_counter(); s.seek(at); times.append(time.perf_counter() - t)
-times.sort()
+    t, c = time.perf_counter(), time.process_time()
+    s.seek(at)
+    times.append(time.perf_counter() - t); cpu.append(time.process_time() - c)
+first_cpu = cpu[0] if cpu else None   # the first: no stack of the file named yet
+times.sort(); cpu.sort()
 start = rng.uniform(s.t_start, max(s.t_start, s.t_end - play_min * 60))
 s.seek(start)
 base = rss(); peak_play = base
@@ -67,7 +71,8 @@ for k in range(int(play_min * 60)):
 play_s = time.perf_counter() - t
 s.stop()
 print(json.dumps({"open_s": open_s, "seek_median_s": times[len(times) // 2] if times else None,
-                  "seek_max_s": times[-1] if times else None, "play_s": play_s,
+                  "seek_max_s": times[-1] if times else None, "seek_cpu_median_s": cpu[len(cpu) // 2] if cpu else None,
+                  "seek_cpu_max_s": cpu[-1] if cpu else None, "seek_cpu_first_s": first_cpu, "play_s": play_s,
                   "play_growth_mib": (peak_play - base) / 2**20,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -179,20 +184,40 @@ def profile_recorder(a) -> int:
     return 0
 
 
+def _seek_only(a) -> int:
+    """The replay part alone, on a file built before: CPU seconds of each seek (process_time)."""
+    _, _, out = _child([sys.executable, "-c", _REPLAY, a.seek_only, str(a.seeks), str(a.play_minutes)])
+    rp = json.loads(out.strip().splitlines()[-1])
+    res = {k: round(v, 3) for k, v in rp.items() if isinstance(v, float)}
+    res.update({"file": a.seek_only, "seeks": a.seeks, "loadavg": os.getloadavg()[0], "cpu_count": os.cpu_count()})
+    os.makedirs(a.outdir, exist_ok=True)
+    with open(os.path.join(a.outdir, "long_recording_seek.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"replay open {res['open_s']:.3f} s; {a.seeks} seeks: CPU median {res['seek_cpu_median_s']:.3f} s, "
+          f"max {res['seek_cpu_max_s']:.3f} s, first {res['seek_cpu_first_s']:.3f} s; wall median "
+          f"{res['seek_median_s']:.3f} s, max {res['seek_max_s']:.3f} s (load average {res['loadavg']:.1f})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--source", default=os.path.join(ROOT, "tests", "data", "h200", "real", "hf_trainer-run.gtrec"))
     ap.add_argument("--seeks", type=int, default=20)
-    ap.add_argument("--play-minutes", type=float, default=10.0)
+    ap.add_argument("--play-minutes", type=float, default=None, help="default 10 (0 with --seek-only)")
     ap.add_argument("--no-full", action="store_true", help="skip the report built from every sample")
     ap.add_argument("--baseline-minutes", type=float, default=5.0,
                     help="also record this long without summary frames: the recorder's own CPU")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--profile", action="store_true", help="only the recorder's CPU by part")
     ap.add_argument("--minutes", type=float, default=10.0, help="recorded minutes for --profile")
+    ap.add_argument("--seek-only", metavar="FILE", help="only time the replay's seeks on FILE (a --keep'd long.gtrec)")
     a = ap.parse_args()
+    if a.play_minutes is None:
+        a.play_minutes = 0.0 if a.seek_only else 10.0
+    if a.seek_only:
+        return _seek_only(a)
     os.makedirs(a.outdir, exist_ok=True)
     if a.profile:
         return profile_recorder(a)
@@ -246,7 +271,9 @@ def main() -> int:
         "report_s": round(rep_s, 3), "report_peak_rss_mib": round(rep_rss, 1),
         "report_full_s": round(full[0], 3) if full else None,
         "replay_open_s": round(rp["open_s"], 3), "seek_median_s": round(rp["seek_median_s"], 3),
-        "seek_max_s": round(rp["seek_max_s"], 3), "play_minutes": a.play_minutes, "play_s": round(rp["play_s"], 2),
+        "seek_max_s": round(rp["seek_max_s"], 3),
+        "seek_cpu_median_s": round(rp["seek_cpu_median_s"], 3), "seek_cpu_max_s": round(rp["seek_cpu_max_s"], 3),
+        "play_minutes": a.play_minutes, "play_s": round(rp["play_s"], 2),
         "replay_play_growth_mib": round(rp["play_growth_mib"], 1), "replay_peak_rss_mib": round(rp["peak_rss_mib"], 1),
         "cpu_count": os.cpu_count(),
     }
@@ -261,7 +288,8 @@ def main() -> int:
             ("gputop report (summaries)", f"{res['report_s']:.3f} s, peak RSS {res['report_peak_rss_mib']} MiB"),
             ("report from every sample", f"{res['report_full_s']} s"),
             ("replay open", f"{res['replay_open_s']:.3f} s"),
-            ("replay seek (median / max)", f"{res['seek_median_s']:.3f} / {res['seek_max_s']:.3f} s"),
+            ("replay seek (median / max)", f"{res['seek_median_s']:.3f} / {res['seek_max_s']:.3f} s, CPU "
+                                           f"{rp['seek_cpu_median_s']:.3f} / {rp['seek_cpu_max_s']:.3f} s"),
             (f"replay play {a.play_minutes:g} min",
              f"{res['play_s']} s, RSS growth {res['replay_play_growth_mib']} MiB, "
              f"peak {res['replay_peak_rss_mib']} MiB")]

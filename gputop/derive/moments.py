@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from functools import lru_cache
 
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_STACKS, KIND_THREAD_KERNEL
 from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, KernelSplit, Moment, Naming,
@@ -97,18 +98,39 @@ def main_thread(data, pid: str) -> dict | None:
     return by_name
 
 
+def naming_of(table: list[tuple], stack: list[int], code: dict) -> Naming:
+    """``name_stack`` of one stack, computed once per distinct stack: the same frames (name,
+    file, line) and innermost line's text always name it the same, whichever window, process or
+    builder it came from. Each py-spy window has its own frame table, so before this every
+    window named its stacks again: after a replay's seek that was most of the catch-up (the
+    budget's and the stall finder's first run name every window of the 120 s fed)."""
+    n = len(table)
+    key = tuple(table[i] if 0 <= i < n else None for i in stack)
+    leaf = code.get(str(stack[-1]))
+    return _named(key, leaf if isinstance(leaf, str) else None)
+
+
+@lru_cache(maxsize=8192)
+def _named(key: tuple, leaf_code: str | None) -> Naming:
+    # an index outside the window's table is kept as -1 at its place: name_stack skips it there
+    frames = [f for f in key if f is not None]
+    stack, j = [], 0
+    for f in key:
+        stack.append(-1 if f is None else j)
+        j += f is not None
+    return name_stack(frames, stack, leaf_code)
+
+
 class MomentBuilder:
     """Moments of one process's main thread, built once per py-spy window and cached."""
 
     def __init__(self, max_windows: int = 256):
         self._cache: OrderedDict = OrderedDict()   # id(stacks sample) -> (sample, moments)
-        self._names: OrderedDict = OrderedDict()   # (id(sample), stack index) -> (sample, Naming)
         self.with_gpu = False
         self.max_windows = max_windows
 
     def reset(self) -> None:
         self._cache.clear()
-        self._names.clear()
         self.with_gpu = False
 
     def moments(self, store, pid: str, since: float, now: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
@@ -134,18 +156,6 @@ class MomentBuilder:
             out.extend(m for m in ms if m.t >= since)
         return out, busy.source
 
-    def _naming(self, s, idx: int, frames, stack, code) -> Naming:
-        # keyed by the sample's id, and kept with the sample itself: a freed sample's id can be
-        # reused by a new one, which must not inherit its names
-        key = (id(s), idx)
-        got = self._names.get(key)
-        if got is None or got[0] is not s:
-            leaf = code.get(str(stack[-1])) if stack else None
-            got = self._names[key] = (s, name_stack(frames, stack, leaf if isinstance(leaf, str) else None))
-            while len(self._names) > 16384:
-                self._names.popitem(last=False)
-        return got[1]
-
     def _window(self, s, pid: str, busy: GpuBusy, kernel: list) -> list[Moment]:
         data = s.data
         th = main_thread(data, pid)
@@ -166,7 +176,8 @@ class MomentBuilder:
             except (TypeError, ValueError, OverflowError):
                 stacks.append((0, []))
         unknown = Naming("unknown", None, None, "unknown", None)
-        names = [self._naming(s, i, frames, st, code) if st else unknown for i, (_c, st) in enumerate(stacks)]
+        table = [(f[0], f[1], f[2] if type(f[2]) is int else f"{f[2]}") for f in frames]
+        names = [naming_of(table, st, code) if st else unknown for _c, st in stacks]
         seq = th.get("seq")
         order: list[Naming] = []
         timed = isinstance(seq, list) and len(seq) % 2 == 0 and all(type(x) is int for x in seq)

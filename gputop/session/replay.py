@@ -109,7 +109,7 @@ class ReplaySession:
         if t >= self.position and t - self.position <= min(self.seek_window_s, PLAY_THROUGH_S):
             self._advance_to(t)  # forward and close: just play through
             return
-        land = max(self.t_start, t - SEEK_WARMUP_S) if self.processors else t
+        land = self._landing(t)
         self.position = land
         self.bus.reset()
         for p in self.processors:
@@ -117,10 +117,28 @@ class ReplaySession:
         self._due.clear()
         self._fed_to = float("-inf")
         self._last_sample_t = float("-inf")
-        self._feed(land - self.seek_window_s, land)
+        # the history a seek gives is seek_window_s before the target, warm-up included: reading
+        # and checking the chunks is half of what a far seek costs
+        self._feed(min(land, t - self.seek_window_s), land)
         self._run_processors(force=True)
         if t > land:
             self._advance_to(t)
+
+    def _landing(self, t: float) -> float:
+        """Where a jump to ``t`` lands: ``SEEK_WARMUP_S`` or a little more before it, at a time
+        every processor runs at when the file is played from its start (its grid from
+        ``t_start``), so the windows it computes from there on are those playing through
+        computes, not ones up to an interval away."""
+        if not self.processors:
+            return t
+        land = t - SEEK_WARMUP_S
+        if land <= self.t_start:
+            return self.t_start
+        step = max(p.interval_s for p in self.processors)
+        if step > 0 and all(p.interval_s > 0 and math.isclose(step / p.interval_s, round(step / p.interval_s))
+                            for p in self.processors):
+            land = self.t_start + math.floor((land - self.t_start) / step) * step
+        return land
 
     def seek_relative(self, dt: float) -> None:
         self.seek(self.position + dt)

@@ -32,7 +32,7 @@ def rerecord(src: str, dst: str, summarizer: Summarizer | None = None, span_s: f
             for i, ref in enumerate(refs):
                 samples = chunks[i] if chunks is not None else r.read_chunk(ref)
                 if shift:
-                    samples = [Sample(s.t + shift, s.kind, s.key, s.data) for s in samples]
+                    samples = [_shifted(s, shift) for s in samples]
                 rec.on_samples(samples)
                 rec.flush()
             shift += period
@@ -42,3 +42,16 @@ def rerecord(src: str, dst: str, summarizer: Summarizer | None = None, span_s: f
                 break
     rec.stop({"clean": True, "rerecorded_from": src})
     return rec
+
+
+# Times inside a sample's data, shifted with the sample: a py-spy window's and a kernel-wait
+# second's start (``t0``: what places their moments in time) and the target's exit. Unshifted,
+# every loop after the first had its stacks at the first loop's times, outside every window.
+_TIME_FIELDS = ("t0", "exit_t")
+
+
+def _shifted(s: Sample, shift: float) -> Sample:
+    data = s.data
+    if any(type(data.get(k)) in (int, float) for k in _TIME_FIELDS):
+        data = {k: (v + shift if k in _TIME_FIELDS and type(v) in (int, float) else v) for k, v in data.items()}
+    return Sample(s.t + shift, s.kind, s.key, data)
