@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
@@ -51,13 +53,15 @@ class Signals:
 _NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
 
 
+def _total(nums: list) -> float:
+    """0.0 + nums[0] + nums[1] + ..., left to right: what a ``total += x`` loop gives, bit for
+    bit, at C speed (``sum`` of floats is compensated from Python 3.12 on, so would differ)."""
+    return reduce(add, nums, 0.0)
+
+
 def _mean(xs):
-    total, n = 0.0, 0
-    for x in xs:
-        if type(x) in _NUMBER_TYPES:
-            total += x
-            n += 1
-    return total / n if n else None
+    nums = [x for x in xs if type(x) in _NUMBER_TYPES]
+    return _total(nums) / len(nums) if nums else None
 
 
 GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs",
@@ -66,17 +70,14 @@ GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu
 
 
 def _field_means(samples, fields) -> dict[str, float | None]:
-    """Mean of each field over the samples, in one pass (this runs every second per GPU)."""
-    totals = dict.fromkeys(fields, 0.0)
-    counts = dict.fromkeys(fields, 0)
-    for s in samples:
-        data = s.data
-        for f in fields:
-            v = data.get(f)
-            if type(v) in _NUMBER_TYPES:
-                totals[f] += v
-                counts[f] += 1
-    return {f: (totals[f] / counts[f] if counts[f] else None) for f in fields}
+    """Mean of each field over the samples (this runs every second per GPU): one list of the
+    numbers per field, summed left to right as a running total would be."""
+    datas = [s.data for s in samples]
+    out = {}
+    for f in fields:
+        nums = [v for d in datas if type(v := d.get(f)) in _NUMBER_TYPES]
+        out[f] = _total(nums) / len(nums) if nums else None
+    return out
 
 
 def _window(store, kind, since):
