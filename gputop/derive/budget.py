@@ -213,6 +213,9 @@ class Moment:
     split: KernelSplit | None = None  # for "python" moments
 
 
+_FRAMED = frozenset((CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT))   # categories whose frames are kept
+
+
 @dataclass
 class Budget:
     """Shares of wall time (seconds, then fractions) accumulated from moments."""
@@ -225,28 +228,40 @@ class Budget:
     named_blocked_s: float = 0.0   # the part of BLOCKED in calls the frames name (sleep, lock, queue...)
 
     def add(self, m: Moment) -> None:
-        idle = 1.0 if m.busy is None else 1.0 - m.busy
-        if m.busy is not None:
-            self.seconds[GPU_BUSY] += m.dt * m.busy
+        # (this runs for every moment of every window every second: the arithmetic is the
+        # plain one, in the same order, so the seconds are the same to the last bit)
+        busy, dt = m.busy, m.dt
+        if busy is not None:
+            idle = 1.0 - busy
+            self.seconds[GPU_BUSY] += dt * busy
         else:
+            idle = 1.0
             self.with_gpu = False
-        self.total_s += m.dt
-        w = m.dt * idle
+        self.total_s += dt
+        w = dt * idle
         if w <= 0:
             return
         n = m.naming
+        if n.cat != "python":
+            self._charge(n, n.cat, w)   # parts_of: all of it to the category (w * 1.0 is w)
+            return
         for cat, share in parts_of(m).items():
-            if share <= 0:
-                continue
-            s = w * share
-            self.seconds[cat] += s
-            if cat == BLOCKED and n.cat == BLOCKED:
-                self.named_blocked_s += s   # a known blocking call by its frames, not the kernel's guess
-            if n.frame is not None and cat in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT):
-                self.frames.setdefault(cat, Counter())[n.frame] += s
-                self.paths.setdefault(n.frame, n.path)
-            if cat == CPU:
-                self.owners[n.leaf_owner] += s
+            if not share <= 0:   # (as the loop this replaces: a NaN share is charged)
+                self._charge(n, cat, w * share)
+
+    def _charge(self, n: Naming, cat: str, s: float) -> None:
+        self.seconds[cat] += s
+        if cat == BLOCKED and n.cat == BLOCKED:
+            self.named_blocked_s += s   # a known blocking call by its frames, not the kernel's guess
+        if n.frame is not None and cat in _FRAMED:
+            got = self.frames.get(cat)
+            if got is None:
+                got = self.frames[cat] = Counter()
+            got[n.frame] += s
+            if n.frame not in self.paths:
+                self.paths[n.frame] = n.path
+        if cat == CPU:
+            self.owners[n.leaf_owner] += s
 
     def merge(self, other: "Budget") -> None:
         """Add another budget's time (the report joins training and checkpointing)."""
