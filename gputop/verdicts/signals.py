@@ -104,8 +104,9 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
         row = _field_means(samples, GPU_FIELDS)
         n = len(samples)
         events = [s.data.get("clock_events") or [] for s in samples]
-        row["power_cap_share"] = sum(any(e in POWER_EVENTS for e in ev) for ev in events) / n
-        row["thermal_share"] = sum(any(e in THERMAL_EVENTS for e in ev) for ev in events) / n
+        # (most samples have no clock event: an empty list is skipped before any() is set up)
+        row["power_cap_share"] = sum(1 for ev in events if ev and any(e in POWER_EVENTS for e in ev)) / n
+        row["thermal_share"] = sum(1 for ev in events if ev and any(e in THERMAL_EVENTS for e in ev)) / n
         max_clock = info.get("clock_sm_max_mhz") if info else None
         row["clock_ratio"] = (row["clock_sm_mhz"] / max_clock) if (row["clock_sm_mhz"] and is_number(max_clock) and max_clock) else None
         row["mem_used_frac"] = (row["mem_used"] / row["mem_total"]) if (row["mem_used"] is not None and row["mem_total"]) else None
