@@ -72,11 +72,15 @@ GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu
 def _field_means(samples, fields) -> dict[str, float | None]:
     """Mean of each field over the samples (this runs every second per GPU): one list of the
     numbers per field, summed left to right as a running total would be."""
-    datas = [s.data for s in samples]
-    out = {}
-    for f in fields:
-        nums = [v for d in datas if type(v := d.get(f)) in _NUMBER_TYPES]
-        out[f] = _total(nums) / len(nums) if nums else None
+    out = dict.fromkeys(fields)
+    if not samples:
+        return out
+    # one row of the fields per sample, then its columns: the values in sample order
+    columns = zip(*[tuple(map(s.data.get, fields)) for s in samples])
+    for f, col in zip(fields, columns):
+        nums = [v for v in col if type(v) in _NUMBER_TYPES]
+        if nums:
+            out[f] = _total(nums) / len(nums)
     return out
 
 
@@ -123,40 +127,42 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
 def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> None:
     system = _window(store, KIND_SYSTEM, since).get("host", [])
     if system:
+        sd = [s.data for s in system]   # (Sample.get is data.get, one call less per value)
         sig.have.add("host")
-        sig.set("host.cpu_pct", _mean(s.get("cpu_pct") for s in system))
+        sig.set("host.cpu_pct", _mean(d.get("cpu_pct") for d in sd))
         sig.set("host.cpu_count", system[-1].get("cpu_count"))
-        avail = [s.get("mem_available") / s.get("mem_total") for s in system
-                 if is_number(s.get("mem_available")) and is_number(s.get("mem_total")) and s.get("mem_total")]
+        avail = [d.get("mem_available") / d.get("mem_total") for d in sd
+                 if is_number(d.get("mem_available")) and is_number(d.get("mem_total")) and d.get("mem_total")]
         sig.set("host.mem_available_frac", min(avail) if avail else None)
-        swap = [(s.get("swap_in_bps") or 0) + (s.get("swap_out_bps") or 0) for s in system
-                if is_number(s.get("swap_in_bps")) or is_number(s.get("swap_out_bps"))]
+        swap = [(d.get("swap_in_bps") or 0) + (d.get("swap_out_bps") or 0) for d in sd
+                if is_number(d.get("swap_in_bps")) or is_number(d.get("swap_out_bps"))]
         sig.set("host.swap_bps", _mean(swap))
-        thr = [s.get("cgroup_throttled_pct") for s in system if is_number(s.get("cgroup_throttled_pct"))]
+        thr = [d.get("cgroup_throttled_pct") for d in sd if is_number(d.get("cgroup_throttled_pct"))]
         if thr:
             sig.have.add("cgroup")
             sig.set("host.cgroup_throttled_pct", _mean(thr))
         sig.set("host.cgroup_cpu_limit", system[-1].get("cgroup_cpu_limit"))
-        cg_mem = [s.get("cgroup_mem_used") / s.get("cgroup_mem_limit") for s in system
-                  if is_number(s.get("cgroup_mem_used")) and is_number(s.get("cgroup_mem_limit")) and s.get("cgroup_mem_limit")]
+        cg_mem = [d.get("cgroup_mem_used") / d.get("cgroup_mem_limit") for d in sd
+                  if is_number(d.get("cgroup_mem_used")) and is_number(d.get("cgroup_mem_limit")) and d.get("cgroup_mem_limit")]
         sig.set("host.cgroup_mem_frac", max(cg_mem) if cg_mem else None)
-        psi = [s.get("psi_mem_some_pct") for s in system if is_number(s.get("psi_mem_some_pct"))]
+        psi = [d.get("psi_mem_some_pct") for d in sd if is_number(d.get("psi_mem_some_pct"))]
         if psi:
             sig.have.add("psi")
             sig.set("host.psi_mem_some_pct", _mean(psi))
-            sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
-        sig.set("host.psi_io_some_pct", _mean(s.get("psi_io_some_pct") for s in system))
+            sig.set("host.psi_mem_full_pct", _mean(d.get("psi_mem_full_pct") for d in sd))
+        sig.set("host.psi_io_some_pct", _mean(d.get("psi_io_some_pct") for d in sd))
     procs = _window(store, KIND_PROC, since)
     workers, worker_waits, worker_pids = [], [], []
     for pid, samples in procs.items():
         role = samples[-1].get("role")
-        cpu = _mean(s.get("cpu_pct") for s in samples)
+        rows = [s.data for s in samples]
+        cpu = _mean(d.get("cpu_pct") for d in rows)
         if pid == target_pid or (target_pid is None and role == "main"):
             sig.set("proc.main.cpu_pct", cpu)
-            sig.set("proc.main.majflt_ps", _mean(s.get("majflt_ps") for s in samples))
+            sig.set("proc.main.majflt_ps", _mean(d.get("majflt_ps") for d in rows))
         elif role == "dataloader_worker":
             workers.append(cpu)
-            worker_waits.append(_mean(s.get("cpu_wait_pct") for s in samples))
+            worker_waits.append(_mean(d.get("cpu_wait_pct") for d in rows))
             worker_pids.append(pid)
     if workers:
         sig.set("proc.workers.count", len(workers))
