@@ -105,7 +105,40 @@ class Naming:
     engine_wait: bool = False
 
 
+_NAMINGS: dict = {}
+_NAMINGS_MAX = 16384
+
+
 def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
+    """What one stack says. Memoised by its content: every py-spy window numbers its frame table
+    afresh, but a training loop's stacks repeat window after window, and the budget's and the
+    stall detector's moment builders name each window's stacks (half their CPU). The naming reads
+    only the (function, file, line) of the frames the stack indexes, their places on it (an index
+    outside the table counts as no frame) and the leaf's code line, so these are the key; a frame
+    of other types than (str, str, int) (a damaged file) is named uncached, as before."""
+    key = []
+    n = len(frames)
+    for i in stack:
+        if 0 <= i < n:
+            f = frames[i]
+            name, path, line = f[0], f[1], f[2]
+            if type(name) is not str or type(path) is not str or type(line) is not int:
+                return _name_stack(frames, stack, leaf_code)
+            key.append((name, path, line))
+        else:
+            key.append(None)
+    if leaf_code is not None and type(leaf_code) is not str:
+        return _name_stack(frames, stack, leaf_code)
+    k = (tuple(key), leaf_code)
+    got = _NAMINGS.get(k)
+    if got is None:
+        if len(_NAMINGS) >= _NAMINGS_MAX:
+            _NAMINGS.clear()
+        got = _NAMINGS[k] = _name_stack(frames, stack, leaf_code)
+    return got
+
+
+def _name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
     hint = fr.phase_hint(frames, stack)
     own = None
     for i in reversed(stack):
@@ -180,6 +213,9 @@ class Moment:
     split: KernelSplit | None = None  # for "python" moments
 
 
+_FRAMED = frozenset((CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT))   # categories whose frames are kept
+
+
 @dataclass
 class Budget:
     """Shares of wall time (seconds, then fractions) accumulated from moments."""
@@ -192,28 +228,40 @@ class Budget:
     named_blocked_s: float = 0.0   # the part of BLOCKED in calls the frames name (sleep, lock, queue...)
 
     def add(self, m: Moment) -> None:
-        idle = 1.0 if m.busy is None else 1.0 - m.busy
-        if m.busy is not None:
-            self.seconds[GPU_BUSY] += m.dt * m.busy
+        # (this runs for every moment of every window every second: the arithmetic is the
+        # plain one, in the same order, so the seconds are the same to the last bit)
+        busy, dt = m.busy, m.dt
+        if busy is not None:
+            idle = 1.0 - busy
+            self.seconds[GPU_BUSY] += dt * busy
         else:
+            idle = 1.0
             self.with_gpu = False
-        self.total_s += m.dt
-        w = m.dt * idle
+        self.total_s += dt
+        w = dt * idle
         if w <= 0:
             return
         n = m.naming
+        if n.cat != "python":
+            self._charge(n, n.cat, w)   # parts_of: all of it to the category (w * 1.0 is w)
+            return
         for cat, share in parts_of(m).items():
-            if share <= 0:
-                continue
-            s = w * share
-            self.seconds[cat] += s
-            if cat == BLOCKED and n.cat == BLOCKED:
-                self.named_blocked_s += s   # a known blocking call by its frames, not the kernel's guess
-            if n.frame is not None and cat in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT):
-                self.frames.setdefault(cat, Counter())[n.frame] += s
-                self.paths.setdefault(n.frame, n.path)
-            if cat == CPU:
-                self.owners[n.leaf_owner] += s
+            if not share <= 0:   # (as the loop this replaces: a NaN share is charged)
+                self._charge(n, cat, w * share)
+
+    def _charge(self, n: Naming, cat: str, s: float) -> None:
+        self.seconds[cat] += s
+        if cat == BLOCKED and n.cat == BLOCKED:
+            self.named_blocked_s += s   # a known blocking call by its frames, not the kernel's guess
+        if n.frame is not None and cat in _FRAMED:
+            got = self.frames.get(cat)
+            if got is None:
+                got = self.frames[cat] = Counter()
+            got[n.frame] += s
+            if n.frame not in self.paths:
+                self.paths[n.frame] = n.path
+        if cat == CPU:
+            self.owners[n.leaf_owner] += s
 
     def merge(self, other: "Budget") -> None:
         """Add another budget's time (the report joins training and checkpointing)."""

@@ -84,14 +84,18 @@ class StallDetector:
         self.since: float | None = None          # when the current stall began (None: not stalled)
 
     # -- steps -----------------------------------------------------------------------------
-    def _probe_steps(self, store, pid: str, now: float) -> None:
+    def _probe_steps(self, store, pid: str, now: float) -> bool:
+        """Steps from the probe's windows of the last HISTORY_S; False when it has none (then
+        the stacks' steps count)."""
         wins = store.window(KIND_PROBE_STEP, now - HISTORY_S).get(pid, [])
-        with_steps = [w for w in wins if type(w.get("steps")) is int and w.get("steps") > 0]
+        # (this runs every second over 120 s of windows: data.get, without Sample.get's call)
+        with_steps = [w for w in wins if type(n := w.data.get("steps")) is int and n > 0]
         if with_steps:
             self.last_step[pid] = max(self.last_step.get(pid, float("-inf")), with_steps[-1].t)
-            p50 = [v / 1000.0 for w in with_steps if (v := _num(w.get("step_ms_p50"))) is not None and v > 0]
+            p50 = [v / 1000.0 for w in with_steps if (v := _num(w.data.get("step_ms_p50"))) is not None and v > 0]
             if p50:
                 self.step_s[pid] = statistics.median(p50)
+        return bool(wins)
 
     def _moments(self, store, pid: str, now: float, gpus: list[str]) -> list:
         b = self.builders.setdefault(pid, MomentBuilder(max_windows=64))
@@ -163,9 +167,9 @@ class StallDetector:
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
         moments_of = {}
         for pid in pids:
-            self._probe_steps(store, pid, now)
+            probed = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
-            if not store.window(KIND_PROBE_STEP, now - HISTORY_S).get(pid):
+            if not probed:
                 self._stack_steps(pid, moments_of[pid])
         phase = store.latest(KIND_PHASE, "main")
         phase_name = phase.get("phase") if phase is not None else None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
@@ -51,13 +53,15 @@ class Signals:
 _NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
 
 
+def _total(nums: list) -> float:
+    """0.0 + nums[0] + nums[1] + ..., left to right: what a ``total += x`` loop gives, bit for
+    bit, at C speed (``sum`` of floats is compensated from Python 3.12 on, so would differ)."""
+    return reduce(add, nums, 0.0)
+
+
 def _mean(xs):
-    total, n = 0.0, 0
-    for x in xs:
-        if type(x) in _NUMBER_TYPES:
-            total += x
-            n += 1
-    return total / n if n else None
+    nums = [x for x in xs if type(x) in _NUMBER_TYPES]
+    return _total(nums) / len(nums) if nums else None
 
 
 GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu", "util_mem", "pcie_rx_mibs",
@@ -66,17 +70,16 @@ GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw", "sm_occupancy", "util_gpu
 
 
 def _field_means(samples, fields) -> dict[str, float | None]:
-    """Mean of each field over the samples, in one pass (this runs every second per GPU)."""
-    totals = dict.fromkeys(fields, 0.0)
-    counts = dict.fromkeys(fields, 0)
-    for s in samples:
-        data = s.data
-        for f in fields:
-            v = data.get(f)
-            if type(v) in _NUMBER_TYPES:
-                totals[f] += v
-                counts[f] += 1
-    return {f: (totals[f] / counts[f] if counts[f] else None) for f in fields}
+    """Mean of each field over the samples (this runs every second per GPU): one list of the
+    numbers per field, summed left to right as a running total would be."""
+    # (per field, a list of its numbers: 165 us for 100 samples of 15 fields, against 254 for a
+    # running total per field and 202 for rows of all fields turned into columns)
+    datas = [s.data for s in samples]
+    out = {}
+    for f in fields:
+        nums = [v for d in datas if type(v := d.get(f)) in _NUMBER_TYPES]
+        out[f] = _total(nums) / len(nums) if nums else None
+    return out
 
 
 def _window(store, kind, since):
@@ -103,8 +106,9 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
         row = _field_means(samples, GPU_FIELDS)
         n = len(samples)
         events = [s.data.get("clock_events") or [] for s in samples]
-        row["power_cap_share"] = sum(any(e in POWER_EVENTS for e in ev) for ev in events) / n
-        row["thermal_share"] = sum(any(e in THERMAL_EVENTS for e in ev) for ev in events) / n
+        # (most samples have no clock event: an empty list is skipped before any() is set up)
+        row["power_cap_share"] = sum(1 for ev in events if ev and any(e in POWER_EVENTS for e in ev)) / n
+        row["thermal_share"] = sum(1 for ev in events if ev and any(e in THERMAL_EVENTS for e in ev)) / n
         max_clock = info.get("clock_sm_max_mhz") if info else None
         row["clock_ratio"] = (row["clock_sm_mhz"] / max_clock) if (row["clock_sm_mhz"] and is_number(max_clock) and max_clock) else None
         row["mem_used_frac"] = (row["mem_used"] / row["mem_total"]) if (row["mem_used"] is not None and row["mem_total"]) else None
@@ -121,40 +125,42 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
 def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> None:
     system = _window(store, KIND_SYSTEM, since).get("host", [])
     if system:
+        sd = [s.data for s in system]   # (Sample.get is data.get, one call less per value)
         sig.have.add("host")
-        sig.set("host.cpu_pct", _mean(s.get("cpu_pct") for s in system))
+        sig.set("host.cpu_pct", _mean(d.get("cpu_pct") for d in sd))
         sig.set("host.cpu_count", system[-1].get("cpu_count"))
-        avail = [s.get("mem_available") / s.get("mem_total") for s in system
-                 if is_number(s.get("mem_available")) and is_number(s.get("mem_total")) and s.get("mem_total")]
+        avail = [d.get("mem_available") / d.get("mem_total") for d in sd
+                 if is_number(d.get("mem_available")) and is_number(d.get("mem_total")) and d.get("mem_total")]
         sig.set("host.mem_available_frac", min(avail) if avail else None)
-        swap = [(s.get("swap_in_bps") or 0) + (s.get("swap_out_bps") or 0) for s in system
-                if is_number(s.get("swap_in_bps")) or is_number(s.get("swap_out_bps"))]
+        swap = [(d.get("swap_in_bps") or 0) + (d.get("swap_out_bps") or 0) for d in sd
+                if is_number(d.get("swap_in_bps")) or is_number(d.get("swap_out_bps"))]
         sig.set("host.swap_bps", _mean(swap))
-        thr = [s.get("cgroup_throttled_pct") for s in system if is_number(s.get("cgroup_throttled_pct"))]
+        thr = [d.get("cgroup_throttled_pct") for d in sd if is_number(d.get("cgroup_throttled_pct"))]
         if thr:
             sig.have.add("cgroup")
             sig.set("host.cgroup_throttled_pct", _mean(thr))
         sig.set("host.cgroup_cpu_limit", system[-1].get("cgroup_cpu_limit"))
-        cg_mem = [s.get("cgroup_mem_used") / s.get("cgroup_mem_limit") for s in system
-                  if is_number(s.get("cgroup_mem_used")) and is_number(s.get("cgroup_mem_limit")) and s.get("cgroup_mem_limit")]
+        cg_mem = [d.get("cgroup_mem_used") / d.get("cgroup_mem_limit") for d in sd
+                  if is_number(d.get("cgroup_mem_used")) and is_number(d.get("cgroup_mem_limit")) and d.get("cgroup_mem_limit")]
         sig.set("host.cgroup_mem_frac", max(cg_mem) if cg_mem else None)
-        psi = [s.get("psi_mem_some_pct") for s in system if is_number(s.get("psi_mem_some_pct"))]
+        psi = [d.get("psi_mem_some_pct") for d in sd if is_number(d.get("psi_mem_some_pct"))]
         if psi:
             sig.have.add("psi")
             sig.set("host.psi_mem_some_pct", _mean(psi))
-            sig.set("host.psi_mem_full_pct", _mean(s.get("psi_mem_full_pct") for s in system))
-        sig.set("host.psi_io_some_pct", _mean(s.get("psi_io_some_pct") for s in system))
+            sig.set("host.psi_mem_full_pct", _mean(d.get("psi_mem_full_pct") for d in sd))
+        sig.set("host.psi_io_some_pct", _mean(d.get("psi_io_some_pct") for d in sd))
     procs = _window(store, KIND_PROC, since)
     workers, worker_waits, worker_pids = [], [], []
     for pid, samples in procs.items():
         role = samples[-1].get("role")
-        cpu = _mean(s.get("cpu_pct") for s in samples)
+        rows = [s.data for s in samples]
+        cpu = _mean(d.get("cpu_pct") for d in rows)
         if pid == target_pid or (target_pid is None and role == "main"):
             sig.set("proc.main.cpu_pct", cpu)
-            sig.set("proc.main.majflt_ps", _mean(s.get("majflt_ps") for s in samples))
+            sig.set("proc.main.majflt_ps", _mean(d.get("majflt_ps") for d in rows))
         elif role == "dataloader_worker":
             workers.append(cpu)
-            worker_waits.append(_mean(s.get("cpu_wait_pct") for s in samples))
+            worker_waits.append(_mean(d.get("cpu_wait_pct") for d in rows))
             worker_pids.append(pid)
     if workers:
         sig.set("proc.workers.count", len(workers))
