@@ -84,7 +84,7 @@ def _rss() -> int:
 
 
 def _child(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of a fresh process."""
+    """(wall seconds, peak RSS MiB, stdout) of a fresh process; its CPU seconds in ``_CPU[-1]``."""
     import tempfile
 
     with tempfile.TemporaryFile() as err:
@@ -97,7 +97,11 @@ def _child(cmd: list[str]) -> tuple[float, float, str]:
         if p.returncode != 0:
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd[:4])} failed: {err.read().decode()[-400:]}")
+    _CPU.append(ru.ru_utime + ru.ru_stime)
     return wall, ru.ru_maxrss / 1024, out.decode()
+
+
+_CPU: list[float] = []
 
 
 class _Parts:
@@ -254,6 +258,7 @@ def main() -> int:
 
     py = sys.executable
     rep_s, rep_rss, _ = _child([py, "-m", "gputop", "report", dst, "--json"])
+    rep_cpu = _CPU[-1]
     full = None
     if not a.no_full:
         code = ("import sys, gputop.report as R; R._read_summaries = lambda reader: None; "
@@ -268,7 +273,7 @@ def main() -> int:
         "build_s": round(build_s, 1), "recorder_cpu_ms_per_recorded_s": round(1000 * build_cpu / span, 2),
         "recorder_cpu_ms_per_recorded_s_without_summaries": round(1000 * base_cpu, 2) if base_cpu else None,
         "recorder_rss_growth_mib": round(grow, 1) if grow is not None else None,
-        "report_s": round(rep_s, 3), "report_peak_rss_mib": round(rep_rss, 1),
+        "report_s": round(rep_s, 3), "report_cpu_s": round(rep_cpu, 3), "report_peak_rss_mib": round(rep_rss, 1),
         "report_full_s": round(full[0], 3) if full else None,
         "replay_open_s": round(rp["open_s"], 3), "seek_median_s": round(rp["seek_median_s"], 3),
         "seek_max_s": round(rp["seek_max_s"], 3),
@@ -285,7 +290,8 @@ def main() -> int:
                                                 "per recorded second"),
             ("file size", f"{size / 1e6:.1f} MB, {res['mb_per_minute']} MB/min, {n_summaries} summary frames"),
             ("recorder RSS growth", f"{res['recorder_rss_growth_mib']} MiB"),
-            ("gputop report (summaries)", f"{res['report_s']:.3f} s, peak RSS {res['report_peak_rss_mib']} MiB"),
+            ("gputop report (summaries)", f"{res['report_s']:.3f} s wall, {res['report_cpu_s']:.3f} s CPU, "
+                                          f"peak RSS {res['report_peak_rss_mib']} MiB"),
             ("report from every sample", f"{res['report_full_s']} s"),
             ("replay open", f"{res['replay_open_s']:.3f} s"),
             ("replay seek (median / max)", f"{res['seek_median_s']:.3f} / {res['seek_max_s']:.3f} s, CPU "

@@ -106,3 +106,81 @@ def test_frames_without_sections_are_read_as_before(tmp_path):
         got = R._read_summaries(r)
     assert got is not None and got.final is not None and got.sections is None and _merged(dst) is None
     _same(R.build_report(dst), _full_report(dst))
+
+
+def test_frames_of_another_layout_are_read_from_the_samples(tmp_path):
+    """Frames of layout 1 (names written out, before the string tables) or any other layout
+    than the reader's are not merged: the sections come from every sample, and are the same."""
+    class Layout1(RecordingSummarizer):
+        def take(self):
+            out = super().take()
+            out["sections"]["v"] = 1
+            return out
+
+    dst = str(tmp_path / "layout1.gtrec")
+    rerecord(os.path.join(REAL, "demo.gtrec"), dst, Layout1(), summary_s=10.0)
+    assert _merged(dst) is None
+    _same(R.build_report(dst), _full_report(dst))
+
+
+def test_string_table_index_out_of_range_falls_back(tmp_path):
+    """A hot-frame or thread row naming a string the table does not hold is refused (the section
+    is built from the samples), never an IndexError or a wrong name."""
+    class BadIndex(RecordingSummarizer):
+        def take(self):
+            out = super().take()
+            stacks = out["sections"]["parts"]["stacks"]
+            if stacks["hot"][1]:
+                stacks["hot"][1][0] = len(stacks["s"])
+            for row in stacks["threads"]:
+                if row[7]:
+                    row[7][0] = -1
+            return out
+
+    dst = str(tmp_path / "badindex.gtrec")
+    rerecord(os.path.join(REAL, "demo.gtrec"), dst, BadIndex(), summary_s=10.0)
+    merged = _merged(dst)
+    stacks = next(s for s in R.SECTIONS if s.name == "stacks")
+    with pytest.raises(ValueError):
+        merged.build(stacks, {})
+    rep = R.build_report(dst)
+    _same(rep, _full_report(dst))
+    assert rep["stacks"]["available"] and rep["stacks"]["top_frames"]["all"]
+
+
+def test_summary_value_check_is_the_chunk_check():
+    """check_summary's list-at-a-time check (recording_format._tree_ok) says what the value-by-
+    value check says: too long strings and keys, ints past 64 bits, too deep, non-JSON types."""
+    import random
+
+    from gputop.session import recording_format as F
+
+    rng = random.Random(3)
+    scalars = [1.5, None, True, 3, -(1 << 63), 1 << 64, (1 << 64) - 1, -(1 << 63) - 1, "x",
+               "y" * (F.MAX_STRING + 1), "z" * F.MAX_STRING, 10 ** 40, (1,), object()]
+
+    def gen(d):
+        r = rng.random()
+        if d > 9 or r < 0.4:
+            return rng.choice(scalars)
+        if r < 0.7:
+            return [gen(d + 1) for _ in range(rng.randint(0, 4))]
+        keys = ["a", "b", "k" * (F.MAX_STRING + 1), 7]
+        return {rng.choice(keys) if rng.random() < 0.1 else rng.choice(keys[:2]): gen(d + 1)
+                for _ in range(rng.randint(0, 3))}
+
+    verdicts = set()
+    for _ in range(5000):
+        v = gen(rng.randint(0, 6))
+        for depth in (0, -2 * F.MAX_DEPTH, 3):
+            got = F._tree_ok(v, depth)
+            assert got == F._check_value(v, depth), v
+            verdicts.add(got)
+    assert verdicts == {True, False}
+    with pytest.raises(F.FrameDamaged):
+        F.check_summary({"sections": {"s": ["n" * (F.MAX_STRING + 1)]}})
+    with pytest.raises(F.FrameDamaged):
+        deep = [1]
+        for _ in range(3 * F.MAX_DEPTH):
+            deep = [deep]
+        F.check_summary({"stats": deep})

@@ -131,14 +131,47 @@ def mfu(achieved: float | None, peak: float | None) -> float | None:
     return achieved / peak if (achieved is not None and peak) else None
 
 
+@dataclass(frozen=True)
+class GpuReadings:
+    """What this module reads of one GPU's samples, as columns (time-ordered): the report
+    merges an hour of them from the summary frames without making a sample of each."""
+    t: list
+    energy_j: list
+    power_w: list
+    tensor_active: list
+
+    @classmethod
+    def of(cls, samples) -> "GpuReadings":
+        return cls([s.t for s in samples], *([s.data.get(f) for s in samples]
+                                            for f in ("energy_j", "power_w", "tensor_active")))
+
+    def between(self, t0: float, t1: float) -> "GpuReadings":
+        keep = [i for i, t in enumerate(self.t) if t0 <= t <= t1]
+        return GpuReadings(*([col[i] for i in keep] for col in (self.t, self.energy_j, self.power_w,
+                                                                self.tensor_active)))
+
+
+NO_READINGS = GpuReadings([], [], [], [])
+
+
 def gpu_energy(samples) -> Energy:
     """One GPU's energy over its samples: the counter where it was read twice, else power x time."""
-    readings = [(s.t, _num(s.data.get("energy_j"))) for s in samples]
-    readings = [(t, e) for t, e in readings if e is not None]
-    if len(readings) >= 2 and readings[-1][1] >= readings[0][1] and readings[-1][0] > readings[0][0]:
-        return Energy(readings[-1][1] - readings[0][1], readings[-1][0] - readings[0][0], METHOD_COUNTER)
-    pw = [(s.t, _num(s.data.get("power_w"))) for s in samples]
-    pw = [(t, w) for t, w in pw if w is not None]
+    return readings_energy(GpuReadings.of(samples))
+
+
+def _first_reading(ts, vals) -> tuple[int, float] | None:
+    return next(((i, e) for i, e in enumerate(map(_num, vals)) if e is not None), None)
+
+
+def readings_energy(g: GpuReadings) -> Energy:
+    # the counter's first and last readings (an hour holds 36k: found from either end)
+    first = _first_reading(g.t, g.energy_j)
+    last = _first_reading(g.t[::-1], g.energy_j[::-1])
+    if first is not None and last is not None and len(g.t) - 1 - last[0] > first[0]:
+        (i, e0), (j, e1) = first, (len(g.t) - 1 - last[0], last[1])
+        if e1 >= e0 and g.t[j] > g.t[i]:
+            return Energy(e1 - e0, g.t[j] - g.t[i], METHOD_COUNTER)
+    pw = [(t, w) for t, w in zip(g.t, map(_num, g.power_w)) if w is not None]
     if len(pw) < 2:
         return Energy(None, 0.0, None, "no energy counter and too few power readings")
     joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(pw, pw[1:]) if t1 - t0 < 5.0)
@@ -178,13 +211,16 @@ def _training_span(steps: dict) -> tuple[float, float] | None:
     return first.t - (_num(first.data.get("window_s")) or 0.0), max(w.t for w in timed)
 
 
-def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: dict | None = None) -> dict:
+def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: dict | None = None,
+               gpu_readings: dict | None = None) -> dict:
     """Everything above for one span of samples, JSON-able (docs/report.md, "efficiency").
     ``power_gpus``: GPU samples to take the mean power from instead of those of the training
-    span (the live views: see ``live``)."""
+    span (the live views: see ``live``). ``gpu_readings``: {key: GpuReadings} instead of the
+    GPU samples of ``by_kind``."""
     steps = by_kind.get(KIND_PROBE_STEP, {})
     configs = by_kind.get(KIND_PROBE_CONFIG, {})
-    gpus = by_kind.get(KIND_GPU, {})
+    gpus = gpu_readings if gpu_readings is not None else \
+        {k: GpuReadings.of(v) for k, v in by_kind.get(KIND_GPU, {}).items()}
     infos = {k: v[-1] for k, v in by_kind.get(KIND_GPU_INFO, {}).items() if v}
     used = job_gpus(infos, gpus.keys())
     names = sorted({str(infos[k].data.get("name")) for k in used if k in infos and infos[k].data.get("name")})
@@ -225,8 +261,8 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: d
     # GPM cross-check: the tensor pipes' activity on the job's GPUs over the span MFU divides by
     # (the probe windows that timed steps: start-up and the end are not training time).
     span = _training_span(steps)
-    out["tensor_active_pct"] = _mean(_mean(_num(s.data.get("tensor_active")) for s in gpus.get(k, [])
-                                           if span is None or span[0] <= s.t <= span[1])
+    out["tensor_active_pct"] = _mean(_mean(map(_num, (gpus.get(k, NO_READINGS).between(*span) if span
+                                                      else gpus.get(k, NO_READINGS)).tensor_active))
                                      for k in used)
     # Energy, per GPU of the job: the session's joules and kWh over every sample; J/step and
     # J/sample from the mean power over the training span (as MFU) / steps per training second,
@@ -240,8 +276,8 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: d
         if power_gpus is not None:   # live: energy and power both over the power window
             e = et = gpu_energy(power_gpus.get(k, []))
         else:
-            e = gpu_energy(gpus.get(k, []))
-            et = gpu_energy([g for g in gpus.get(k, []) if span[0] <= g.t <= span[1]]) if span else e
+            e = readings_energy(gpus.get(k, NO_READINGS))
+            et = readings_energy(gpus[k].between(*span)) if span and k in gpus else e
         if et.watts is None:
             et = e
         kw = kwh(e.joules)
@@ -331,9 +367,9 @@ def energy_words(res: dict) -> str:
     return ", ".join(parts)
 
 
-def report_section(samples, report: dict | None = None) -> dict:
+def report_section(samples, report: dict | None = None, gpu_readings: dict | None = None) -> dict:
     """The ``efficiency`` part of ``gputop report``: the whole file (docs/report.md)."""
-    res = efficiency(group(samples))
+    res = efficiency(group(samples), gpu_readings=gpu_readings)
     res["window"] = "whole recording"
     return res
 

@@ -92,35 +92,55 @@ class HotCounts:
                          "total_pct": round(100.0 * total_n[k] / n_all, 1) if n_all else None})
         return {"samples": n_all, "rows": rows}
 
-    # -- as JSON (a summary frame): [n_all, [[func, file, total, self, [line, n, ...]], ...]] --
-    def to_json(self) -> list:
-        return [self.n_all, [[k[0], k[1], n, self.self_n.get(k, 0),
-                              [x for line, c in self.lines.get(k, {}).items() for x in (line, c)]]
-                             for k, n in self.total_n.items()]]
+    # -- as columns (a summary frame): [n_all, funcs, files, totals, selfs, n_lines, lines], where
+    # funcs and files index the frame's string table (report_partials.Strings) and ``lines`` is
+    # each function's [line, count, ...] pairs in turn (``n_lines`` pairs each): flat lists of
+    # numbers, cheap to parse and to check, and no name written twice.
+    def to_columns(self, intern: Callable[[str], int]) -> list:
+        keys = list(self.total_n)
+        lines = [self.lines.get(k, {}) for k in keys]
+        return [self.n_all, [intern(k[0]) for k in keys], [intern(k[1]) for k in keys],
+                [self.total_n[k] for k in keys], [self.self_n.get(k, 0) for k in keys],
+                [len(c) for c in lines], [x for c in lines for line, n in c.items() for x in (line, n)]]
 
-    @classmethod
-    def from_json(cls, obj) -> "HotCounts":
-        """From ``to_json``'s list; ValueError on anything else (a damaged summary)."""
-        if not (isinstance(obj, list) and len(obj) == 2 and _count(obj[0]) and isinstance(obj[1], list)):
+    def add_columns(self, obj, strings: list) -> None:
+        """Add ``to_columns``' list (later samples' counts); ValueError on anything else (a
+        damaged summary), before anything is added."""
+        if not (isinstance(obj, list) and len(obj) == 7 and all(isinstance(x, list) for x in obj[1:])
+                and _count(obj[0])):
             raise ValueError("hot frames")
-        h = cls()
-        h.n_all = obj[0]
-        for row in obj[1]:
-            if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], str) and isinstance(row[1], str)
-                    and _count(row[2]) and _count(row[3]) and isinstance(row[4], list) and len(row[4]) % 2 == 0):
-                raise ValueError("hot frame")
-            k = (row[0], row[1])
-            h.total_n[k] += row[2]
-            if row[3]:
-                h.self_n[k] += row[3]
-            flat = row[4]
-            if flat:
-                c = h.lines.setdefault(k, Counter())
-                for line, n in zip(flat[::2], flat[1::2]):
-                    if not _count(n) or isinstance(line, (list, dict)):
-                        raise ValueError("hot frame line")
-                    c[line] += n
-        return h
+        n_all, funcs, files, totals, selfs, n_lines, flat = obj
+        n = len(funcs)
+        if not (len(files) == len(totals) == len(selfs) == len(n_lines) == n and _indices(funcs, len(strings))
+                and _indices(files, len(strings)) and _counts(totals) and _counts(selfs) and _counts(n_lines)
+                and len(flat) == 2 * sum(n_lines) and _counts(flat[1::2])
+                and not {list, dict} & set(map(type, flat[::2]))):
+            raise ValueError("hot frames")
+        self.n_all += n_all
+        keys = [(strings[f], strings[p]) for f, p in zip(funcs, files)]
+        total_n, self_n, lines = self.total_n, self.self_n, self.lines
+        for k, c in zip(keys, totals):
+            total_n[k] += c
+        for k, c in zip(keys, selfs):
+            if c:
+                self_n[k] += c
+        pos = 0
+        for k, m in zip(keys, n_lines):
+            if m:
+                c = lines.get(k)
+                if c is None:
+                    c = lines[k] = Counter()
+                for line, cnt in zip(flat[pos:pos + 2 * m:2], flat[pos + 1:pos + 2 * m:2]):
+                    c[line] += cnt
+                pos += 2 * m
+
+
+def _indices(v: list, n: int) -> bool:
+    return not v or (set(map(type, v)) == {int} and min(v) >= 0 and max(v) < n)
+
+
+def _counts(v: list) -> bool:
+    return not v or (set(map(type, v)) == {int} and min(v) >= 0 and max(v) < (1 << 53))
 
 
 def _count(v) -> bool:

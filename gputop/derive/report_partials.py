@@ -3,19 +3,26 @@ written into the recorder's summary frames and merged by ``gputop report`` (gput
 so that an hour's report reads the summary frames only, never every chunk.
 
 A summary frame's ``sections`` (format 1.1; readers that do not know it ignore it):
-  {"v": 1, "keep": [kind...], "kept": [[t, kind, key, data]...], "parts": {section: partial}}
+  {"v": 2, "keep": [kind...], "kept": [[kind, key, ts, order, {field: values}]...],
+   "parts": {section: partial}}
 - ``kept``: the samples of the small kinds (probe windows, health, ranks, GPU info and
-  processes, stall snapshots: a few a second) as they are, once for every section that reads
-  them; a section that reads only these is built from them exactly as from the file.
+  processes, stall snapshots: a few a second) as they are (as columns, each with its place in
+  the order written), once for every section that reads them; a section that reads only these
+  is built from them exactly as from the file.
 - ``parts``: for the kinds too big to keep (py-spy stacks, the kernel's thread counts, the GPU
   counters), what the section needs of them, as sums:
   * ``stacks`` and ``ranks``: every thread's ThreadAgg (derive/threads.py: counts and seconds
     that add; names and flags: the latest / any / all) and the hot-frame counts
-    (derive/hot_frames.py) of all threads and of each process's main thread;
+    (derive/hot_frames.py) of all threads and of each process's main thread, as columns; the
+    function and file names once each in the partial's string table ``s``, the frames as
+    indices into it (layout 1 wrote the names out, 171 kB of JSON a minute, and was the report's
+    costliest part to parse and check);
   * ``efficiency``: of each GPU sample only the time, energy counter, power and tensor-pipe
     activity it reads (its training span is known only at the end, so the readings are kept,
     not summed: about 7 kB a minute per GPU sampled at 5/s).
-Every number merged is the one reading every sample gives, except float sums added minute by
+Frames of another layout ``v`` (1: written before the string tables) are not merged: their
+sections are built from every sample (correct, only slower). Every number merged is the one
+reading every sample gives, except float sums added minute by
 minute (the last bits; docs/report.md). Pure: no file, no thread.
 """
 
@@ -31,8 +38,9 @@ from gputop.catalogue import (KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROB
 from gputop.derive.hot_frames import HotCounts, tid_key
 from gputop.derive.threads import ThreadAgg, aggregate
 from gputop.model import KIND_HEALTH, Sample
+from gputop.session.sanitize import MAX_NUMBER
 
-PARTS_VERSION = 1
+PARTS_VERSION = 2   # 2: string tables, hot frames as columns (frames of 1 are read from the samples)
 KEEP = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC, KIND_HEALTH, KIND_RANK,
         KIND_GPU_INFO, KIND_GPU_PROCS, KIND_STALL_SNAPSHOT)
 GPU_FIELDS = ("energy_j", "power_w", "tensor_active")   # what derive/efficiency.py reads of a gpu sample
@@ -40,33 +48,88 @@ GPU_FIELDS = ("energy_j", "power_w", "tensor_active")   # what derive/efficiency
 
 # -- kept samples -------------------------------------------------------------------------------
 
-def kept_rows(samples: list[Sample], keep=KEEP) -> list:
-    return [[s.t, s.kind, s.key, s.data] for s in samples if s.kind in keep]
+def kept_series(samples: list[Sample], keep=KEEP) -> list:
+    """The samples of the kinds kept, as columns: [kind, key, ts, order, {field: values}] per
+    kind, key and set of fields (so each sample reads back with exactly its own fields), with
+    each sample's place in ``samples`` (``order``) so that they read back in the order written."""
+    groups: dict[tuple, list] = {}
+    for i, s in enumerate(samples):
+        if s.kind in keep:
+            names = tuple(s.data)
+            g = groups.get((s.kind, s.key, names))
+            if g is None:
+                g = groups[(s.kind, s.key, names)] = [s.kind, s.key, [], [], {n: [] for n in names}]
+            g[2].append(s.t)
+            g[3].append(i)
+            cols = g[4]
+            for n, v in s.data.items():
+                cols[n].append(v)
+    return list(groups.values())
 
 
 def kept_samples(rows, keep) -> list[Sample]:
-    """``kept_rows``' rows as samples; ValueError if they are not what a recorder writes."""
+    """``kept_series``' series as samples in the order written, each value checked as every
+    value read from a file is (session/sanitize.clean_series); ValueError if they are not what a
+    recorder writes."""
+    from gputop.session.sanitize import MAX_TIME_S, clean_series
+
     if not isinstance(rows, list):
         raise ValueError("kept samples")
     out = []
     for r in rows:
-        if not (isinstance(r, list) and len(r) == 4 and _num(r[0]) is not None and isinstance(r[1], str)
-                and isinstance(r[2], str) and isinstance(r[3], dict)):
-            raise ValueError("kept sample")
-        if r[1] in keep:
-            out.append(Sample(float(r[0]), r[1], r[2], r[3]))
-    return out
+        if not (isinstance(r, list) and len(r) == 5):
+            raise ValueError("kept samples")
+        kind, key, ts, order, cols = r
+        if not (isinstance(kind, str) and isinstance(key, str) and isinstance(ts, list) and isinstance(order, list)
+                and isinstance(cols, dict) and len(order) == len(ts) and _numbers(ts, none=False)
+                and (not ts or -MAX_TIME_S <= min(ts) and max(ts) <= MAX_TIME_S)
+                and set(map(type, order)) <= {int}
+                and all(isinstance(c, list) and len(c) == len(ts) for c in cols.values())):
+            raise ValueError("kept samples")
+        if kind not in keep:
+            continue
+        got = clean_series(kind, key, ts, cols)
+        if got is None:
+            raise ValueError("kept samples")
+        cols = got[3]
+        names = list(cols)
+        out += [(order[j], Sample(float(t), kind, key, {n: cols[n][j] for n in names})) for j, t in enumerate(ts)]
+    out.sort(key=lambda x: x[0])
+    return [s for _, s in out]
 
 
 # -- threads --------------------------------------------------------------------------------------
 
-def _agg_row(a: ThreadAgg) -> list:
+class Strings:
+    """A partial's string table: each function and file name once, frames as indices into it
+    (an hour of py-spy windows names the same few hundred functions over and over)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.list: list[str] = []
+
+    def __call__(self, s: str) -> int:
+        i = self.ids.get(s)
+        if i is None:
+            i = self.ids[s] = len(self.list)
+            self.list.append(s)
+        return i
+
+
+def _strings(p) -> list:
+    got = _part(p, "s")
+    if not (isinstance(got, list) and set(map(type, got)) <= {str}):
+        raise ValueError("string table")
+    return got
+
+
+def _agg_row(a: ThreadAgg, intern: Strings) -> list:
     return [a.pid, a.tid, a.name, a.comm, a.main_proc, a.n, dict(a.cats),
-            [x for (func, path, line), n in a.leaf.items() for x in (func, path, line, n)], a.frames_s, list(a.k),
-            a.cpu_s, a.runq_s, a.span_s, a.sched_span_s, a.gil_known, a.python_proc, a.worker]
+            [x for (func, path, line), n in a.leaf.items() for x in (intern(func), intern(path), line, n)],
+            a.frames_s, list(a.k), a.cpu_s, a.runq_s, a.span_s, a.sched_span_s, a.gil_known, a.python_proc, a.worker]
 
 
-def _agg_of(row) -> ThreadAgg:
+def _agg_of(row, strings: list) -> ThreadAgg:
     if not (isinstance(row, list) and len(row) == 17):
         raise ValueError("thread")
     (pid, tid, name, comm, main, n, cats, leaf, frames_s, k, cpu, runq, span, sched, gil_known, python,
@@ -83,10 +146,12 @@ def _agg_of(row) -> ThreadAgg:
                   k=list(k), cpu_s=_opt(cpu), runq_s=_opt(runq), span_s=_float(span), sched_span_s=_float(sched),
                   gil_known=gil_known, python_proc=python, worker=worker)
     a.cats.update(cats)
+    n_str = len(strings)
     for func, path, line, c in zip(leaf[::4], leaf[1::4], leaf[2::4], leaf[3::4]):
-        if not (isinstance(func, str) and isinstance(path, str) and type(line) is int and _count(c)):
+        if not (type(func) is int and type(path) is int and 0 <= func < n_str and 0 <= path < n_str
+                and type(line) is int and _count(c)):
             raise ValueError("thread frame")
-        a.leaf[(func, path, line)] += c
+        a.leaf[(strings[func], strings[path], line)] += c
     return a
 
 
@@ -112,13 +177,14 @@ def _merge_agg(a: ThreadAgg, o: ThreadAgg) -> None:
         a.python_proc = o.python_proc
 
 
-def _merged_aggs(rows_per_part) -> dict:
+def _merged_aggs(parts) -> dict:
     aggs: dict = {}
-    for rows in rows_per_part:
+    for p in parts:
+        rows, strings = _part(p, "threads"), _strings(p)
         if not isinstance(rows, list):
             raise ValueError("threads")
         for row in rows:
-            o = _agg_of(row)
+            o = _agg_of(row, strings)
             a = aggs.get((o.pid, o.tid))
             if a is None:
                 aggs[(o.pid, o.tid)] = o
@@ -150,10 +216,14 @@ def stacks_partial(samples: list[Sample]) -> dict:
             h = hot_main[pid] = HotCounts()
         h.add_sample(s, _is_main_tid)
     ts = [s.t for s in stacks + kernel]
-    return {"threads": [_agg_row(a) for a in aggregate(stacks, kernel).values()],
-            "t": [min(ts), max(ts)] if ts else None,
-            "windows": sorted({(s.key, s.t) for s in stacks}),
-            "hot": hot_all.to_json(), "hot_main": [[pid, h.to_json()] for pid, h in hot_main.items() if h.n_all]}
+    intern = Strings()
+    out = {"threads": [_agg_row(a, intern) for a in aggregate(stacks, kernel).values()],
+           "t": [min(ts), max(ts)] if ts else None,
+           "windows": sorted({(s.key, s.t) for s in stacks}),
+           "hot": hot_all.to_columns(intern),
+           "hot_main": [[pid, h.to_columns(intern)] for pid, h in hot_main.items() if h.n_all]}
+    out["s"] = intern.list
+    return out
 
 
 def stacks_merge(parts: list, kept: list[Sample], report: dict) -> dict:
@@ -166,7 +236,7 @@ def stacks_merge(parts: list, kept: list[Sample], report: dict) -> dict:
     if not spans:
         return {"available": False, "why": sampler.get("message") or "the stack source did not run",
                 "sampler": sampler}
-    aggs = _merged_aggs(_part(p, "threads") for p in parts)
+    aggs = _merged_aggs(parts)
     windows = set()
     hot_all, hot_main = HotCounts(), {}
     for p in parts:
@@ -174,11 +244,12 @@ def stacks_merge(parts: list, kept: list[Sample], report: dict) -> dict:
             if not (isinstance(w, list) and len(w) == 2):
                 raise ValueError("window")
             windows.add((str(w[0]), _float(w[1])))
-        hot_all.merge(HotCounts.from_json(_part(p, "hot")))
+        strings = _strings(p)
+        hot_all.add_columns(_part(p, "hot"), strings)
         for row in _part(p, "hot_main"):
             if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is int):
                 raise ValueError("hot frames")
-            hot_main.setdefault(row[0], HotCounts()).merge(HotCounts.from_json(row[1]))
+            hot_main.setdefault(row[0], HotCounts()).add_columns(row[1], strings)
     t0, t1 = min(t for t, _ in spans), max(t for _, t in spans)
     return stacks_section(aggs, sampler, round(t1 - t0, 1), len(windows), lambda: hot_all.rows(top=10)["rows"],
                           lambda pid, tid: hot_main.get(pid, HotCounts()).rows(top=10)["rows"])
@@ -201,7 +272,8 @@ def ranks_partial(samples: list[Sample]) -> dict:
                 for p, e in procs.items():
                     if p.isdigit() and isinstance(e, dict):
                         mine[p] = max(mine.get(p, 0), _int(e.get("mem")) or 0)
-    return {"threads": [_agg_row(a) for a in mains], "gpu_mem": mem}
+    intern = Strings()
+    return {"threads": [_agg_row(a, intern) for a in mains], "gpu_mem": mem, "s": intern.list}
 
 
 def ranks_merge(parts: list, kept: list[Sample], report: dict) -> dict | None:
@@ -225,7 +297,7 @@ def ranks_merge(parts: list, kept: list[Sample], report: dict) -> dict | None:
     # takes the maximum of
     samples += [Sample(0.0, KIND_GPU_PROCS, key, {"procs": {p: {"mem": m} for p, m in procs.items()}})
                 for key, procs in mem.items()]
-    return ranks.report_section(samples, report, aggs=_merged_aggs(_part(p, "threads") for p in parts))
+    return ranks.report_section(samples, report, aggs=_merged_aggs(parts))
 
 
 # -- efficiency: the GPU readings it reads ------------------------------------------------------------
@@ -246,20 +318,28 @@ def efficiency_partial(samples: list[Sample]) -> dict:
 def efficiency_merge(parts: list, kept: list[Sample], report: dict) -> dict:
     from gputop.derive import efficiency
 
-    samples = [s for s in kept if s.kind in efficiency.KINDS]
+    cols: dict[str, list[list]] = {}
     for p in parts:
         got = _part(p, "gpu")
         if not isinstance(got, dict):
             raise ValueError("gpu readings")
         for key, c in got.items():
             if not (isinstance(c, list) and len(c) == 1 + len(GPU_FIELDS) and all(isinstance(x, list) for x in c)
-                    and len({len(x) for x in c}) == 1):
+                    and len({len(x) for x in c}) == 1 and _numbers(c[0], none=False)
+                    and all(_numbers(x) for x in c[1:])):
                 raise ValueError("gpu readings")
-            for t, *vals in zip(*c):
-                samples.append(Sample(_float(t), KIND_GPU, key,
-                                      {f: v for f, v in zip(GPU_FIELDS, vals) if v is not None}))
-    samples.sort(key=lambda s: s.t)
-    return efficiency.report_section(samples)
+            mine = cols.setdefault(key, [[] for _ in c])
+            for into, x in zip(mine, c):
+                into += x
+    readings = {}
+    for key, (ts, *vals) in cols.items():
+        # time-ordered, as the samples a section's build gets (a stable sort: equal times keep
+        # the order written)
+        if any(a > b for a, b in zip(ts, ts[1:])):
+            order = sorted(range(len(ts)), key=ts.__getitem__)
+            ts, vals = [ts[i] for i in order], [[v[i] for i in order] for v in vals]
+        readings[key] = efficiency.GpuReadings([float(t) for t in ts], *vals)
+    return efficiency.report_section([s for s in kept if s.kind in efficiency.KINDS], gpu_readings=readings)
 
 
 # -- the table ------------------------------------------------------------------------------------------
@@ -310,6 +390,17 @@ def _float(v) -> float:
     return f
 
 
+def _numbers(v: list, none: bool = True) -> bool:
+    """Every item a finite number (or None where ``none``), as ``clean_series`` leaves a GPU
+    column: checked a list at a time."""
+    types = set(map(type, v))
+    if not types <= ({int, float, type(None)} if none else {int, float}):
+        return False
+    nums = [x for x in v if x is not None] if type(None) in types else v
+    return not nums or (math.isfinite(min(nums)) and math.isfinite(max(nums))
+                        and -MAX_NUMBER <= min(nums) and max(nums) <= MAX_NUMBER)
+
+
 def _opt(v) -> float | None:
     return None if v is None else _float(v)
 
@@ -322,7 +413,7 @@ SUMMARY_KINDS = frozenset(KEEP) | {KIND_STACKS, KIND_THREAD_KERNEL, KIND_GPU}   
 def summarize(samples: list[Sample]) -> dict:
     """A summary frame's ``sections`` of one minute's samples (in the order written)."""
     ordered = sorted(samples, key=lambda s: s.t)   # as a section's build gets them
-    return {"v": PARTS_VERSION, "keep": list(KEEP), "kept": kept_rows(samples),
+    return {"v": PARTS_VERSION, "keep": list(KEEP), "kept": kept_series(samples),
             "parts": {p.name: p.partial(ordered) for p in PARTIALS.values() if p.partial is not None}}
 
 
@@ -359,10 +450,7 @@ class MergedFrames:
 
     def set_tail(self, tail: list[Sample]) -> None:
         """The samples after the last frame (cleaned, in the order read)."""
-        from gputop.session.sanitize import clean_samples
-
-        # kept samples checked as every sample read from a file is (session/sanitize.py)
-        self.kept = sorted(clean_samples(self._kept) + [s for s in tail if s.kind in self.keep], key=lambda s: s.t)
+        self.kept = sorted(self._kept + [s for s in tail if s.kind in self.keep], key=lambda s: s.t)
         self.tail = sorted((s for s in tail if s.kind in SUMMARY_KINDS), key=lambda s: s.t)
 
     def can_build(self, section) -> bool:

@@ -306,10 +306,46 @@ def _check_value(v, depth: int = 0) -> bool:
     return False
 
 
+_INT_MIN, _INT_MAX = -(1 << 63), 1 << 64
+_JSON_SCALARS = frozenset({float, bool, type(None), str, int})
+
+
+def _tree_ok(v, depth: int = 0) -> bool:
+    """``_check_value(v, depth)``, a container's items checked a list at a time (by the set of
+    their types, the longest string, the extreme ints) rather than one call each: a summary
+    frame is a few hundred kB of JSON, mostly lists of numbers and strings."""
+    t = type(v)
+    if t is list:
+        items = v
+    elif t is dict:
+        if not all(type(k) is str for k in v) or (v and max(map(len, v)) > MAX_STRING):
+            return False
+        items = list(v.values())
+    else:
+        return _check_value(v, depth)
+    if depth > MAX_DEPTH:
+        return False
+    types = set(map(type, items))
+    if types <= _FAST_TYPES:
+        return True
+    if str in types and max(len(x) for x in items if type(x) is str) > MAX_STRING:
+        return False
+    if int in types:
+        ints = [x for x in items if type(x) is int]
+        if min(ints) < _INT_MIN or max(ints) >= _INT_MAX:
+            return False
+    rest = types - _JSON_SCALARS
+    if not rest:
+        return True
+    if not rest <= {list, dict}:
+        return False   # not what JSON parses to
+    return all(_tree_ok(x, depth + 1) for x in items if type(x) is list or type(x) is dict)
+
+
 def check_summary(obj) -> dict:
     """A summary frame's payload: an object; its parts are checked by whoever reads them
     (derive/record_stats.py), values bounded in size and depth like a chunk's."""
-    if not isinstance(obj, dict) or not _check_value(obj, -2 * MAX_DEPTH):
+    if not isinstance(obj, dict) or not _tree_ok(obj, -2 * MAX_DEPTH):
         raise FrameDamaged("summary is not an object of bounded size and depth")
     return obj
 
