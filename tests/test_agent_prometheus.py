@@ -132,6 +132,9 @@ def test_two_agents_one_prometheus_the_input_bound_alert_fires(fleet):
     per_job = prom.query("count by (training_job, instance) (last_over_time(gputop_verdict_active[30s]))")
     assert {(s["metric"]["training_job"], s["metric"]["instance"]) for s in per_job} == {
         (input_job, f"127.0.0.1:{fleet['ports'][0]}"), (mlp, f"127.0.0.1:{fleet['ports'][1]}")}
+    # the time budget exists once the agent's first py-spy window (20 s) has landed: the alert
+    # can fire before that from the probe's data wait
+    prom.wait("gputop:job_time_budget_share", lambda r: len(r) > 0, 60, "a time budget")
     # the dashboard's series (those a CPU job has) resolve against what Prometheus scraped;
     # the GPU ones are checked against an H200 replay in tests/test_agent_dashboard.py
     missing = [n for n in sorted(dashboard_series()) if not n.startswith(("gputop_gpu_", "gputop:job_gpu"))

@@ -15,7 +15,7 @@ process tree), so children are sampled 5% of the time; the verdicts read the wor
 from the host and kernel samplers, not from their stacks.
 
 What accuracy needs: the stacks of a window arrive when it ends, up to one window late. The
-time budget is kept over ``stack_window_s + 10`` s (UI: 20 s) and thread states over
+time budget is kept over ``stack_window_s + 10 + derive_every_s`` s (UI: 20 s) and thread states over
 ``stack_window_s + 5`` s (UI: 10 s), so the budget always holds >= 10 s of stacks (20 samples
 at 2/s, as with 10 s windows over the UI's 20 s) and each thread state at least one whole
 window (40 samples): enough to see a state that holds >= 20% of the time (the verdicts'
@@ -98,11 +98,12 @@ def read_environ(pid: int) -> dict | None:
     return out
 
 
-def widen_windows(p, stack_window_s: float) -> None:
+def widen_windows(p, stack_window_s: float, derive_every_s: float = 0.0) -> None:
     """The budget's and the thread states' windows, widened so that they always hold stacks
-    although a py-spy window's samples arrive only when it ends (module docstring)."""
+    although a py-spy window's samples arrive only when it ends (module docstring), and the
+    budget only at its next run, up to ``derive_every_s`` later still."""
     if p.name == "budget":
-        p.window_s = max(p.window_s, stack_window_s + BUDGET_STACKS_S)
+        p.window_s = max(p.window_s, stack_window_s + BUDGET_STACKS_S + derive_every_s)
     elif p.name == "threads":
         p.horizon_s = max(p.horizon_s, stack_window_s + THREADS_SLACK_S)
 
@@ -141,7 +142,7 @@ class Job:
             p.interval_s = rates.thread_states_every_s if p.name == "threads" else max(p.interval_s,
                                                                                          rates.derive_every_s)
             if rates.stacks:
-                widen_windows(p, rates.stack_window_s)
+                widen_windows(p, rates.stack_window_s, rates.derive_every_s)
         self.session = LiveSession(sources, clock, meta, processors=processors)
         self.recorder: RollingRecorder | None = None
         if state is not None:
