@@ -170,17 +170,23 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
               "process's CPU, memory and threads (/proc); no Python stacks, GIL wait, I/O counters or "
               "environment" + ("" if os.geteuid() == 0 else ", and no probe (its socket is private to its user)"),
               file=sys.stderr, flush=True)
-    session.start()
-    if exporter is not None:
-        exporter.serve(session)
     if a.headless:
-        return _run_headless(session, target, a, record_path, child)
-    from gputop.ui.app import run_app
-    try:
-        with _exit_on_sigterm():
+        # The signals are caught before the sources start: a kill during start-up (py-spy's
+        # first window, the report module's import) still ends with the end frame and report.
+        stop, old = _catch_stop_signals()
+        session.start()
+        if exporter is not None:
+            exporter.serve(session)
+        return _run_headless(session, target, a, record_path, child, stop, old)
+    from gputop.ui.app import run_app   # (slow: imported before the sources start, not after)
+    with _exit_on_sigterm():
+        session.start()
+        try:
+            if exporter is not None:
+                exporter.serve(session)
             return run_app(session, job_log=getattr(a, "job_log", None))
-    finally:
-        session.stop()
+        finally:
+            session.stop()
 
 
 class _exit_on_sigterm:
@@ -200,16 +206,19 @@ class _exit_on_sigterm:
         return False
 
 
-def _run_headless(session, target, a, record_path: str, child) -> int:
-    from gputop.report import build_report, render_text
-
+def _catch_stop_signals() -> tuple[dict, dict]:
+    """Headless: SIGINT, SIGTERM and SIGHUP (a closed SSH session) end the session as cleanly as
+    its duration does (end frame, report). Returns (the flag they set, the old handlers)."""
     stop = {"why": None}
 
     def on_signal(signum, frame):
         stop["why"] = signal.Signals(signum).name
 
-    # SIGHUP: a closed SSH session ends the session as cleanly as a kill does (end frame, report).
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    return stop, {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def _run_headless(session, target, a, record_path: str, child, stop: dict, old: dict) -> int:
+    from gputop.report import build_report, render_text
     from gputop.sources.candidates import one_line
 
     print(f"gputop: watching PID {target.pid} ({one_line(target.command, 80)}) for {a.duration:g} s, "

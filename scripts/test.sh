@@ -20,4 +20,10 @@ if ! command -v prometheus >/dev/null 2>&1; then
 fi
 # Lint first (pyproject.toml's [tool.ruff]); set -e fails the run if it finds anything.
 ruff check gputop tests benchmarks scripts
-python -m pytest "$@"
+# Two workers (pytest-xdist): most tests wait on real processes (py-spy windows, torchrun ranks,
+# Prometheus scrapes), so two at a time halve the wall time on a 2-core box; GPUTOP_TEST_WORKERS=0
+# runs them one by one. A short base directory, because a unix socket path holds at most 107
+# bytes and the probe tests put sockets under $HOME/.cache inside a test's tmp_path.
+base=$(mktemp -d /tmp/gt.XXXXXX)
+trap 'rm -rf "$base"' EXIT
+python -m pytest -n "${GPUTOP_TEST_WORKERS:-2}" --basetemp "$base/t" "$@"

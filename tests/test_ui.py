@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import os
 import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -358,7 +360,11 @@ async def test_live_session_shows_a_real_target_and_its_exit():
     from gputop.sources.host import HostSource
     from gputop.sources.target import Target
 
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<2.5: pass"])
+    # the child spins until the flag file goes (a loaded box may take seconds to show the UI)
+    flag = tempfile.NamedTemporaryFile(prefix="gputop-ui-test-", delete=False)
+    flag.close()
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys\nwhile os.path.exists(sys.argv[1]): pass",
+                              flag.name])
     try:
         target = Target(child.pid)
         clock = SessionClock()
@@ -368,11 +374,16 @@ async def test_live_session_shows_a_real_target_and_its_exit():
         session.start()
         try:
             async with GputopApp(session, refresh_hz=10).run_test(size=(80, 24)) as pilot:
-                await pilot.pause(1.5)
-                text = screen_text(pilot.app)
+                text = ""
+                deadline = time.monotonic() + 15
+                while not ("target running" in text and re.search(rf"^\s*{child.pid} main\s+python", text, re.M)) \
+                        and time.monotonic() < deadline:
+                    await pilot.pause(0.3)
+                    text = screen_text(pilot.app)
                 assert f"PID {child.pid}" in text and "not recording" in text
                 assert re.search(rf"^\s*{child.pid} main\s+python", text, re.M)
                 assert "target running" in text
+                os.unlink(flag.name)
                 deadline = time.monotonic() + 10
                 while "TARGET EXITED" not in text and time.monotonic() < deadline:
                     await pilot.pause(0.3)
@@ -383,6 +394,8 @@ async def test_live_session_shows_a_real_target_and_its_exit():
         finally:
             session.stop()
     finally:
+        if os.path.exists(flag.name):
+            os.unlink(flag.name)
         child.kill()
         child.wait()
 
