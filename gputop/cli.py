@@ -174,14 +174,20 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
         # The signals are caught before the sources start: a kill during start-up (py-spy's
         # first window, the report module's import) still ends with the end frame and report.
         stop, old = _catch_stop_signals()
-        session.start()
-        if exporter is not None:
-            exporter.serve(session)
+        try:
+            session.start()
+            if exporter is not None:
+                exporter.serve(session)
+        except BaseException:
+            for s, h in old.items():
+                signal.signal(s, h)
+            session.stop()
+            raise
         return _run_headless(session, target, a, record_path, child, stop, old)
     from gputop.ui.app import run_app   # (slow: imported before the sources start, not after)
     with _exit_on_sigterm():
-        session.start()
         try:
+            session.start()
             if exporter is not None:
                 exporter.serve(session)
             return run_app(session, job_log=getattr(a, "job_log", None))

@@ -134,7 +134,10 @@ def _read_summaries(reader) -> _Summaries | None:
         if isinstance(obj.get("final"), dict):
             final = obj["final"]
         if sections is not None:
-            sections = sections + [obj["sections"]] if "sections" in obj else None
+            if "sections" in obj:
+                sections.append(obj["sections"])
+            else:
+                sections = None
     if final is not None and (final.get("t_start") != idx.t_start or final.get("t_end") != idx.t_end):
         final = None   # the replay it summarizes is not of this file as it reads now
     return _Summaries(stats, idx.summaries[-1].offset, verdicts, final, sections)
@@ -301,7 +304,7 @@ def _merged_section(merged, section: ReportSection, report: dict, path: str) -> 
     damaged or hostile file) has the section built from the file's samples instead."""
     try:
         return merged.build(section, report)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except Exception:   # any damage (IndexError, OverflowError ...): the samples decide
         mine = []
         with RecordingReader(path) as reader:
             for ref in reader.index.chunks:

@@ -371,7 +371,7 @@ def test_live_energy_per_step_keeps_the_counter_every_second_of_training():
         samples.append(s)
     wins = [s for s in samples if s.kind == "probe_step" and (s.data.get("steps") or 0) > 0]
     store = SampleStore(horizon_s=600)
-    t0 = wins[0].t + ef.POWER_WINDOW_S + 1
+    t0 = wins[0].t + 2 * ENERGY_EVERY_S + 1   # two readings into training
     methods, jps = set(), []
     fed = 0
     t = t0

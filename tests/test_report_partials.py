@@ -184,3 +184,20 @@ def test_summary_value_check_is_the_chunk_check():
         for _ in range(3 * F.MAX_DEPTH):
             deep = [deep]
         F.check_summary({"stats": deep})
+
+
+@pytest.mark.parametrize("span", [[1.0], [], [0.0, 1e308], "x"])
+def test_a_damaged_span_falls_back_to_the_samples(tmp_path, span):
+    """A stacks partial whose time span is short, empty, out of bounds or not a list: the section
+    is built from the samples (it was an IndexError, reported as the section's error)."""
+    class BadSpan(RecordingSummarizer):
+        def take(self):
+            out = super().take()
+            out["sections"]["parts"]["stacks"]["t"] = span
+            return out
+
+    dst = str(tmp_path / "badspan.gtrec")
+    rerecord(os.path.join(REAL, "demo.gtrec"), dst, BadSpan(), summary_s=10.0)
+    rep = R.build_report(dst)
+    _same(rep, _full_report(dst))
+    assert rep["stacks"]["available"] and "error" not in rep["stacks"]

@@ -105,40 +105,9 @@ class Naming:
     engine_wait: bool = False
 
 
-_NAMINGS: dict = {}
-_NAMINGS_MAX = 16384
-
-
 def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
-    """What one stack says. Memoised by its content: every py-spy window numbers its frame table
-    afresh, but a training loop's stacks repeat window after window, and the budget's and the
-    stall detector's moment builders name each window's stacks (half their CPU). The naming reads
-    only the (function, file, line) of the frames the stack indexes, their places on it (an index
-    outside the table counts as no frame) and the leaf's code line, so these are the key; a frame
-    of other types than (str, str, int) (a damaged file) is named uncached, as before."""
-    key = []
-    n = len(frames)
-    for i in stack:
-        if 0 <= i < n:
-            f = frames[i]
-            name, path, line = f[0], f[1], f[2]
-            if type(name) is not str or type(path) is not str or type(line) is not int:
-                return _name_stack(frames, stack, leaf_code)
-            key.append((name, path, line))
-        else:
-            key.append(None)
-    if leaf_code is not None and type(leaf_code) is not str:
-        return _name_stack(frames, stack, leaf_code)
-    k = (tuple(key), leaf_code)
-    got = _NAMINGS.get(k)
-    if got is None:
-        if len(_NAMINGS) >= _NAMINGS_MAX:
-            _NAMINGS.clear()
-        got = _NAMINGS[k] = _name_stack(frames, stack, leaf_code)
-    return got
-
-
-def _name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
+    """What one stack says. Memoised by content in moments.naming_of (its caller): py-spy
+    windows repeat the same stacks under new frame tables."""
     hint = fr.phase_hint(frames, stack)
     own = None
     for i in reversed(stack):

@@ -26,8 +26,9 @@ from gputop.sources.nvml_fields import ENERGY_EVERY_S
 
 FROM_SETTINGS = "dtype from the job's settings"
 WINDOW_S = 10.0             # the live views and the exporter: the newest 10 s (as the verdicts pool)
-# The live mean power's window: three energy-counter readings apart, so it always holds two.
-POWER_WINDOW_S = 3 * ENERGY_EVERY_S
+# How far back the live views look for two energy-counter readings (the slow loop's jitter can
+# stretch a gap well past ENERGY_EVERY_S: up to ~13 s at the agent's 1 Hz GPU loop).
+POWER_WINDOW_S = 6 * ENERGY_EVERY_S
 J_PER_KWH = 3.6e6
 METHOD_COUNTER = "energy counter"
 METHOD_POWER = "power x time"
@@ -159,14 +160,14 @@ def gpu_energy(samples) -> Energy:
     return readings_energy(GpuReadings.of(samples))
 
 
-def _first_reading(ts, vals) -> tuple[int, float] | None:
+def _first_reading(vals) -> tuple[int, float] | None:
     return next(((i, e) for i, e in enumerate(map(_num, vals)) if e is not None), None)
 
 
 def readings_energy(g: GpuReadings) -> Energy:
     # the counter's first and last readings (an hour holds 36k: found from either end)
-    first = _first_reading(g.t, g.energy_j)
-    last = _first_reading(g.t[::-1], g.energy_j[::-1])
+    first = _first_reading(g.energy_j)
+    last = _first_reading(g.energy_j[::-1])
     if first is not None and last is not None and len(g.t) - 1 - last[0] > first[0]:
         (i, e0), (j, e1) = first, (len(g.t) - 1 - last[0], last[1])
         if e1 >= e0 and g.t[j] > g.t[i]:
@@ -306,14 +307,22 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: d
 
 def live(store, now: float, window_s: float = WINDOW_S) -> dict:
     """``efficiency`` over the newest ``window_s`` of a SampleStore (gpu_info: the latest).
-    The mean power comes from the newest POWER_WINDOW_S instead: the energy counter is read
-    every ENERGY_EVERY_S, so a 10 s window holds one reading or two, and its J/step would flip
-    between the counter and power x time from one second to the next."""
+    The energy and mean power of each GPU come from its two newest energy-counter readings on
+    instead (at least ``window_s``, at most POWER_WINDOW_S back): the counter is read every
+    ENERGY_EVERY_S at a jittered slow-loop tick, so a 10 s window holds one reading or two,
+    and its J/step would flip between the counter and power x time from one second to the next."""
     since = now - window_s
     by_kind = {k: store.window(k, since) for k in (KIND_PROBE_STEP, KIND_GPU)}
     by_kind[KIND_PROBE_CONFIG] = {k: [s] for k, s in store.latest_of_kind(KIND_PROBE_CONFIG).items()}
     by_kind[KIND_GPU_INFO] = {k: [s] for k, s in store.latest_of_kind(KIND_GPU_INFO).items()}
-    return efficiency(by_kind, power_gpus=store.window(KIND_GPU, now - max(window_s, POWER_WINDOW_S)))
+    power = {}
+    for k, ss in store.window(KIND_GPU, now - max(window_s, POWER_WINDOW_S)).items():
+        read_at = [i for i, s in enumerate(ss) if _num(s.data.get("energy_j")) is not None]
+        first = read_at[-2] if len(read_at) >= 2 else len(ss)
+        # from the second newest reading, or the newest window_s where that is more recent
+        start = min(first, next((i for i, s in enumerate(ss) if s.t >= since), len(ss)))
+        power[k] = ss[start:]
+    return efficiency(by_kind, power_gpus=power)
 
 
 def group(samples) -> dict:

@@ -38,7 +38,7 @@ from gputop.catalogue import (KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROB
 from gputop.derive.hot_frames import HotCounts, tid_key
 from gputop.derive.threads import ThreadAgg, aggregate
 from gputop.model import KIND_HEALTH, Sample
-from gputop.session.sanitize import MAX_NUMBER
+from gputop.session.sanitize import MAX_NUMBER, MAX_TIME_S
 
 PARTS_VERSION = 2   # 2: string tables, hot frames as columns (frames of 1 are read from the samples)
 KEEP = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC, KIND_HEALTH, KIND_RANK,
@@ -71,7 +71,7 @@ def kept_samples(rows, keep) -> list[Sample]:
     """``kept_series``' series as samples in the order written, each value checked as every
     value read from a file is (session/sanitize.clean_series); ValueError if they are not what a
     recorder writes."""
-    from gputop.session.sanitize import MAX_TIME_S, clean_series
+    from gputop.session.sanitize import clean_series
 
     if not isinstance(rows, list):
         raise ValueError("kept samples")
@@ -232,7 +232,7 @@ def stacks_merge(parts: list, kept: list[Sample], report: dict) -> dict:
 
     sampler = _health_summary([s for s in kept if s.kind == KIND_HEALTH and s.key == SOURCE_STACKS])
     spans = [_part(p, "t") for p in parts]
-    spans = [(_float(t[0]), _float(t[1])) for t in spans if t is not None]
+    spans = [_span(t) for t in spans if t is not None]
     if not spans:
         return {"available": False, "why": sampler.get("message") or "the stack source did not run",
                 "sampler": sampler}
@@ -381,6 +381,16 @@ def _num(v) -> float | None:
         return None
     f = float(v)
     return f if math.isfinite(f) else None
+
+
+def _span(t) -> tuple[float, float]:
+    """A partial's (first, last) sample time, as the reader bounds sample times."""
+    if not isinstance(t, list) or len(t) != 2:
+        raise ValueError("not a span")
+    a, b = _float(t[0]), _float(t[1])
+    if not (-MAX_TIME_S <= a <= b <= MAX_TIME_S):
+        raise ValueError("span out of bounds")
+    return a, b
 
 
 def _float(v) -> float:

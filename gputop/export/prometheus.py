@@ -11,7 +11,7 @@ every number the sources measure (GPU, host, processes, threads), thread-state s
 step timings and counters, one gauge per verdict id, and gputop's own health per source.
 Units follow Prometheus conventions: ratios 0-1 (``*_ratio``), bytes, seconds, hertz; per-second
 rates end in ``_per_second``; ``_total`` only for real counters. Values are the newest sample of
-each series (for GPM fields the newest non-None one: GPM is read on about 60% of GPU samples). A
+each series (for GPM fields the newest non-None one: GPM is read every 0.5 s, on about 1 GPU sample in 5). A
 series whose source stopped sending (a process that exited, a stopped probe) disappears
 after ``STALE_S``, and a value that is None is left out, never served as a zero.
 """
@@ -39,7 +39,7 @@ from gputop.derive.budget_processor import PHASE_EVERY_S
 from gputop.derive.threads import STATES, STATE_LABELS
 from gputop.model import HEALTH_DEGRADED, HEALTH_OK, HEALTH_STATES, KIND_HEALTH
 from gputop.sources import metric_specs
-from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, ENERGY_EVERY_S, GPM_FIELDS
+from gputop.sources.nvml_fields import CLOCK_EVENT_NAMES, ENERGY_EVERY_S, GPM_FIELDS, GPM_HOLD_S
 from gputop.verdicts.registry import VERDICT_IDS
 from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH_EVERY_S, MAX_CONNECTIONS,
                                       REQUEST_TIMEOUT_S, ServerCollector, bind_problem, listen)
@@ -48,7 +48,7 @@ DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics 
 DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use by convention
 PREFIX = "gputop_"
 STALE_S = 5.0                # a series not refreshed for this long is gone (sources send every <= 2 s)
-GPM_MAX_AGE_S = 2.0          # newest non-None GPM value, at most this much older than its series
+GPM_MAX_AGE_S = GPM_HOLD_S   # newest non-None GPM value, at most this much older than its series
 MAX_PARENT_HOPS = 16         # a process without its own rank inherits its nearest ancestor's
 
 

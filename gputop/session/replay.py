@@ -128,7 +128,10 @@ class ReplaySession:
         """Where a jump to ``t`` lands: ``SEEK_WARMUP_S`` or a little more before it, at a time
         every processor runs at when the file is played from its start (its grid from
         ``t_start``), so the windows it computes from there on are those playing through
-        computes, not ones up to an interval away."""
+        computes, not ones up to an interval away. (Known limits: after a silence longer than
+        GAP_S, playing through restarts the processors' schedule at the resume, which this grid
+        does not follow; and the stall detector, which reads 120 s of probe windows, gets the
+        seek_window_s before the target, so ~90 s of them at the landing.)"""
         if not self.processors:
             return t
         land = t - SEEK_WARMUP_S

@@ -47,6 +47,9 @@ def rerecord(src: str, dst: str, summarizer: Summarizer | None = None, span_s: f
 # Times inside a sample's data, shifted with the sample: a py-spy window's and a kernel-wait
 # second's start (``t0``: what places their moments in time) and the target's exit. Unshifted,
 # every loop after the first had its stacks at the first loop's times, outside every window.
+# Times inside a sample's data that move with it (a stacks window's start, the target's exit).
+# Not shifted: a stall_snapshot's own times (t, since, last_step_t): a looped file keeps the
+# first loop's there, which only the stall section of a looped test file shows.
 _TIME_FIELDS = ("t0", "exit_t")
 
 

@@ -12,8 +12,13 @@ from typing import Any
 
 from gputop.model import Sample
 from gputop.session.whole_replay import recorded_kind
-from gputop.sources.nvml_fields import GPM_HOLD_S
+from gputop.sources.nvml_fields import GPM_FIELDS, GPM_HOLD_S, PCIE_FIELDS
 from gputop.ui.fmt import HOLD_S, cell_means
+
+# Snapshot.current: a field the newest sample left None is shown from an older one this recent
+# (the cheap counters come at 10 Hz), or GPM_HOLD_S for the fields read less often than that.
+CURRENT_HOLD_S = 0.6
+HELD_LONGER = frozenset(GPM_FIELDS) | frozenset(PCIE_FIELDS) | {"gpm_window_s"}
 
 
 def key_order(key: str):
@@ -54,20 +59,23 @@ class Snapshot:
     def latest(self, kind: str, key: str) -> Sample | None:
         return self.latest_of_kind(kind).get(key)
 
-    def current(self, kind: str, key: str, max_age_s: float = GPM_HOLD_S) -> dict:
+    def current(self, kind: str, key: str, max_age_s: float = CURRENT_HOLD_S) -> dict:
         """The newest values of one series: the latest sample's data, with fields it left None
-        filled from samples at most ``max_age_s`` older. GPM counters are read every
-        GPM_EVERY_S (0.5 s), so about 4 in 5 "gpu" samples carry None for them (and PCIe
-        without GPM comes once a second); without this the panels would flicker between a
-        number and n/a."""
+        filled from samples at most ``max_age_s`` older, GPM_HOLD_S for the fields read less
+        often than the sample (HELD_LONGER): GPM counters are read every GPM_EVERY_S (0.5 s),
+        so about 4 in 5 "gpu" samples carry None for them, and PCIe without GPM comes once a
+        second; without this the panels would flicker between a number and n/a."""
         latest = self.latest(kind, key)
         if latest is None:
             return {}
         data = dict(latest.data)
         missing = [k for k, v in data.items() if v is None]
         if missing:
-            for s in reversed(self.store.series(kind, key, latest.t - max_age_s)):
-                for k in [k for k in missing if s.data.get(k) is not None]:
+            longest = max(max_age_s, GPM_HOLD_S) if any(k in HELD_LONGER for k in missing) else max_age_s
+            for s in reversed(self.store.series(kind, key, latest.t - longest)):
+                age = latest.t - s.t
+                for k in [k for k in missing if s.data.get(k) is not None
+                          and (age <= max_age_s or k in HELD_LONGER)]:
                     data[k] = s.data[k]
                     missing.remove(k)
                 if not missing:
