@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gputop.model import Sample
 from gputop.probe import wire
 from gputop.session.session import SessionClock
@@ -207,6 +209,7 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
+@pytest.mark.serial   # beside another test on 2 cores, the flooder's own CPU starves the job
 def test_idle_and_flooding_clients_neither_lock_out_a_monitor_nor_slow_the_job(tmp_path):
     d = tmp_path / "sock"
     job = _start_job(tmp_path, d, steps=10_000_000)
