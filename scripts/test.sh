@@ -24,7 +24,7 @@ ruff check gputop tests benchmarks scripts
 # Prometheus scrapes), so two at a time halve the wall time on a 2-core box; GPUTOP_TEST_WORKERS=0
 # runs them one by one. A short base directory, because a unix socket path holds at most 107
 # bytes and the probe tests put sockets under $HOME/.cache inside a test's tmp_path.
-# Tests marked serial measure a real job's speed: they run alone, after the rest.
+# Tests marked serial (a real job's speed, torchrun ranks) run alone, after the rest.
 base=$(mktemp -d /tmp/gt.XXXXXX)
 trap 'rm -rf "$base"' EXIT
 rc=0
