@@ -27,26 +27,16 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agent_common import free_port, jobs_served, start_agent, start_job, tree_cpu, wait_until, write_json  # noqa: E402
+from cpu_profile import thread_cpu as threads_cpu  # noqa: E402  (the /proc/PID/task reader, one copy)
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of ``pid`` now, summed by the thread's kernel name."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of each thread of ``pid`` now, summed by the thread's kernel name (the
+    agent's per-job threads carry a "-N" suffix)."""
     out: dict[str, float] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        name = "main" if tid == str(pid) else re.sub(r"-\d+$", "", name)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for tid, (name, cpu) in threads_cpu(pid).items():
+        name = "main" if tid == pid else re.sub(r"-\d+$", "", name)
+        out[name] = out.get(name, 0.0) + cpu
     return out
 
 

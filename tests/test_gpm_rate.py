@@ -137,6 +137,18 @@ def test_report_and_verdicts_are_the_same_at_2hz_gpm(thinned, name):
         assert abs(gt[f]["mean"] - gf[f]["mean"]) <= 2.0, (f, gt[f]["mean"], gf[f]["mean"])
 
 
+@pytest.mark.parametrize("name", ["hf_trainer-pid", "eval_phase-pid", "checkpoint_stall-pid"])
+def test_real_training_code_is_judged_the_same_at_2hz_gpm(tmp_path, name):
+    """A Hugging Face Trainer job, a loop with evaluation, one with checkpoints (H200): the same
+    verdicts and shares from a file thinned to the 2 Hz GPM the source now reads."""
+    src = H200 / "real" / f"{name}.gtrec"
+    full, thin = build_report(str(src)), build_report(str(write_thinned(src, tmp_path / f"{name}.gtrec")))
+    assert thin["primary_verdict"]["id"] == full["primary_verdict"]["id"]
+    assert set(thin["verdicts"]) == set(full["verdicts"])
+    for v, d in full["verdicts"].items():
+        assert abs(thin["verdicts"][v]["active_share"] - d["active_share"]) <= 0.05, v
+
+
 def test_live_views_never_flicker_to_na_between_gpm_snapshots(thinned):
     s = ReplaySession(str(thinned["gpu_bound"]), start_playing=False)
     first = next(x.t for x in _gpu_samples(thinned["gpu_bound"]) if x.data["sm_active"] is not None)
