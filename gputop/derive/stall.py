@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from gputop.catalogue import KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STALL, KIND_STALL_SNAPSHOT, KIND_TARGET
+from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_STALL, KIND_STALL_SNAPSHOT,
+                               KIND_TARGET)
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
 from gputop.derive.budget import BLOCKED, COLLECTIVE, CPU, CPU_WAIT, DATA, IO, SYNC, owner
@@ -42,7 +43,8 @@ STALL_MIN_S = 10.0          # no step for at least this long ...
 STALL_STEP_FACTOR = 20.0    # ... and for 20x the median step time (a slow step is not a stall)
 STALL_IDLE_S = 30.0         # main thread and GPU both idle this long without a break
 IDLE_MAIN_RUNNING = 5.0     # % of the main thread's time on the CPU below which it is idle or waiting
-IDLE_FRESH_S = 6.0          # the newest py-spy sample must be this recent to say the thread waits now
+IDLE_FRESH_S = 4.0          # the newest py-spy sample must be this recent, past its window's length,
+                            # to say the thread waits now (2 s windows: 6 s; the agent's 20 s: 24 s)
 IDLE_GPU_PCT = 5.0          # util.gpu / SM active below which the GPU is idle
 BUSY_GPU_PCT = 20.0         # a GPU seen this busy means the job was making progress once
 HISTORY_S = 120.0           # the median step time is taken over this much of the past (probe)
@@ -129,8 +131,8 @@ class StallDetector:
         """Since when every judged main thread has waited and the GPU has been idle (None: not now).
         From the py-spy moments (each at its own time), not the 10 s thread-state shares."""
         since = float("-inf")
-        for ms in moments_of.values():
-            if not ms or ms[-1].t < now - IDLE_FRESH_S or not self._waiting(ms[-1]):
+        for pid, ms in moments_of.items():
+            if not ms or ms[-1].t < now - _window_s(store, pid) - IDLE_FRESH_S or not self._waiting(ms[-1]):
                 return None
             start = ms[-1].t
             for m in reversed(ms):
@@ -165,12 +167,14 @@ class StallDetector:
             if pid is None:
                 return []
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
-        moments_of = {}
+        moments_of, seen_until = {}, {}
         for pid in pids:
             probed = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
+            seen_until[pid] = now
             if not probed:
                 self._stack_steps(pid, moments_of[pid])
+                seen_until[pid] = _stacks_seen_until(store, pid, now)
         phase = store.latest(KIND_PHASE, "main")
         phase_name = phase.get("phase") if phase is not None else None
         target = next(iter(store.latest_of_kind(KIND_TARGET).values()), None)
@@ -179,6 +183,11 @@ class StallDetector:
             self.paused_t = now
         steps = [self.last_step[p] for p in pids if p in self.last_step]
         last_step = max(steps) if steps else None
+        # how long no rank has stepped, each on the clock of what its steps come from (a job of
+        # several ranks steps when any rank does): the probe's windows come every second, py-spy's
+        # only when a window ends, so a rank stepped from its stacks is judged up to its newest
+        # window, not up to now (the agent's 20 s windows would otherwise look like a stop)
+        quiet = [seen_until[p] - max(self.last_step[p], self.paused_t) for p in pids if p in self.last_step]
         self.progressed = self.progressed or last_step is not None
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
@@ -187,8 +196,7 @@ class StallDetector:
 
         reason = None
         if not ended and self.progressed:
-            clock = max(last_step if last_step is not None else float("-inf"), self.paused_t)
-            if last_step is not None and phase_name not in _PAUSED and now - clock >= threshold:
+            if quiet and phase_name not in _PAUSED and min(quiet) >= threshold:
                 reason = "no_step"
             elif self.idle_since is not None and now - self.idle_since >= self.idle_s:
                 reason = "idle"
@@ -207,6 +215,24 @@ class StallDetector:
                        "median_step_s": _r(self.step_s.get(p), 4)} for p in pids],
         }
         return [Sample(now, KIND_STALL, "job", data)]
+
+
+def _window_s(store, pid: str) -> float:
+    """The length of the newest py-spy window of ``pid`` (0 without one): its samples arrive when
+    it ends, so the newest of them is up to that much older than the window's end."""
+    s = store.latest(KIND_STACKS, pid)
+    d = _num(s.get("dur_s")) if s is not None else None
+    return min(max(d, 0.0), 600.0) if d is not None else 0.0
+
+
+def _stacks_seen_until(store, pid: str, now: float) -> float:
+    """Up to when py-spy has looked at ``pid``: the end of its newest window, while the next one
+    may still be on its way (1.5 windows and 3 s: a loaded machine starts py-spy late); ``now``
+    once the windows have stopped coming (py-spy failing: the steps seen so far are all there is)."""
+    s = store.latest(KIND_STACKS, pid)
+    if s is None or s.t > now:
+        return now
+    return s.t if now - s.t <= 1.5 * _window_s(store, pid) + 3.0 else now
 
 
 def _r(x, nd: int = 2):
