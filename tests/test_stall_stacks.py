@@ -38,10 +38,15 @@ def test_stack_steps_name_the_stop_stalled_and_clear(job):
     states = of_kind(job["samples"], KIND_STALL, "job")
     training = [s for s in states if start - 4.0 <= s.t <= start]
     assert training and not any(s.get("stalled") for s in training)
-    assert all(s.get("last_step_t") is not None for s in training)       # steps from the stacks
+    # steps from the stacks, seen before the stop (on a loaded machine py-spy's first window can
+    # land late in the 7 s of training, so the first seconds may not have one yet)
+    assert training[-1].get("last_step_t") is not None, training[-1]
+    assert training[-1].get("last_step_t") >= start - 7.5, training[-1]   # a step of this training
     on = [s for s in states if s.get("stalled") and start <= s.t <= end]
     assert on and on[0].get("reason") == "no_step", on[:1]
-    assert on[0].get("threshold_s") >= STACK_MIN_S and on[0].t - start <= on[0].get("threshold_s") + 3.5, (on[0], start)
+    # judged on the stacks' clock (derive/stall.py): seen when the first window that ends past
+    # the threshold lands, up to a window (2 s), py-spy's start and a tick (1 s) after it
+    assert on[0].get("threshold_s") >= STACK_MIN_S and on[0].t - start <= on[0].get("threshold_s") + 5.0, (on[0], start)
     # steps seen again: py-spy's windows (2 s) arrive after they end, so a few seconds late
     after = [s for s in states if end + 6.0 <= s.t <= end + 8.0]
     assert after and not any(s.get("stalled") for s in after)
