@@ -122,9 +122,10 @@ def test_the_derive_loop_wakes_when_a_processor_is_due_not_ten_times_a_second():
     session.start()
     time.sleep(3.0)
     session.stop()
-    assert 5 <= len(p.runs) <= 8, p.runs                  # still every 0.5 s
+    assert 4 <= len(p.runs) <= 8, p.runs                  # still every 0.5 s
     gaps = [b - a for a, b in zip(p.runs, p.runs[1:])]
-    assert all(0.45 <= g <= 0.8 for g in gaps), gaps
+    # never early; late only by what a loaded machine's scheduler adds to one wake-up
+    assert all(g >= 0.45 for g in gaps) and sorted(gaps)[len(gaps) // 2] < 0.7 and max(gaps) < 1.5, gaps
     assert session._stop.waits <= 12, session._stop.waits  # a 10 Hz poll would be ~30
     assert session.store.latest("counted", "x") is not None
 

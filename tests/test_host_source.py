@@ -258,7 +258,9 @@ def test_killing_the_target_is_noticed_and_the_host_goes_on(scenario):
     assert [s.get("state") for s in targets] == ["running", "exited"], [s.data for s in targets]
     assert targets[0].get("pid") == main and "io.bin" in targets[0].get("command")
     exit_t = targets[1].t
-    assert t_kill <= exit_t <= t_kill + 0.6, (t_kill, exit_t)  # within a tick or two
+    # within a tick or two, as the host's ticks happened (a loaded machine stretches them)
+    ticks = sorted(x.t for x in out.of(KIND_SYSTEM) if x.t > t_kill)
+    assert len(ticks) >= 2 and t_kill <= exit_t <= ticks[1] + 0.01, (t_kill, exit_t, ticks[:3])
     assert scenario["target"].exited_at is not None
     later = [s for s in out.of(KIND_PROC) + out.of(KIND_THREAD) if s.t >= exit_t]
     assert later == [], later[:3]

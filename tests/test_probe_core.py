@@ -49,7 +49,10 @@ def test_marker_steps_become_windows_with_session_times(probe):
     for _ in range(n):  # 60 steps of ~20 ms, marked by hand as gputop.probe.step() would
         time.sleep(0.02)
         p.on_marker_step()
-    time.sleep(1.2)
+    # the last window closes up to WINDOW_S (1 s) after the last step, then travels: wait for it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(s.get("steps") or 0 for s in list(got) if s.kind == KIND_PROBE_STEP) < n:
+        time.sleep(0.05)
     src.stop()
     windows = [s for s in got if s.kind == KIND_PROBE_STEP]
     assert sum(s.get("steps") for s in windows) == n

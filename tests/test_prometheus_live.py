@@ -74,10 +74,10 @@ def chain(tmp_path_factory):
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         f"scrape_configs:\n  - job_name: gputop\n    static_configs:\n      - targets: ['127.0.0.1:{gport}']\n")
     workload = launch_with_probe([sys.executable, "-m", "gputop.demo.workload", "--scenario", "input_bound",
-                                  "--duration", "90"], env=dict(os.environ, RANK=RANK),
+                                  "--duration", "180"], env=dict(os.environ, RANK=RANK),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gputop = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(workload.pid), "--headless",
-                               "--duration", "50", "--prometheus", f"127.0.0.1:{gport}",
+                               "--duration", "150", "--prometheus", f"127.0.0.1:{gport}",
                                "--record", str(tmp / "live.gtrec")],
                               stdout=subprocess.DEVNULL, stderr=open(tmp / "gputop.err", "w"))
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
@@ -98,7 +98,7 @@ def chain(tmp_path_factory):
                 p.wait()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)   # the waits below, on a loaded machine; gputop and its target outlast them
 def test_prometheus_scrapes_gputop(chain):
     prom, pid = chain["prom"], chain["pid"]
     up = prom.wait('up{job="gputop"}', lambda r: r and val(r[0]) == 1, 30, "the scrape of gputop")
