@@ -9,7 +9,7 @@ import os
 
 from gputop.session.recording_format import samples_of
 from gputop.session.recording_reader import RecordingReader
-from gputop.session.sanitize import MAX_KEY, BadValues, clean_chunk, clean_samples, clean_series
+from gputop.session.sanitize import MAX_KEY, MAX_STRING, BadValues, clean_chunk, clean_samples, clean_series
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200")
 
@@ -41,10 +41,22 @@ def test_bad_values_times_and_keys_are_checked_alike():
         (long, "0", [1.0], {"v": [1.0]}),      # a kind too long: the stats drop it, the replay keeps it
         ("gpu", long, [1.0], {"v": [1.0]}),    # a key too long: both drop it
         ("verdict", "x", [0.5, 0.7], {"evidence": [{"a": [[[[[[[[[[1]]]]]]]]]]}, "no"], "active": [1, False]}),
+        # lists and objects (py-spy's threads, a verdict's evidence) with one bad value deep inside:
+        # the column-at-a-time check must send each to the value-by-value one
+        ("stacks", "7", [2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6],
+         {"threads": [[{"tid": 1, "frames": [[0, 3, 2 ** 70]]}], [{"tid": 2, "n": float("nan")}],
+                      [{"name": "x" * (MAX_STRING + 1)}], [{"k" * (MAX_KEY + 1): 1}], [[[[[[[[[[0]]]]]]]]]],
+                      {"not": "a list"}, [{"tid": 3, "frames": [[0, 1, 5]], "n": 4, "ok": True, "s": None}]],
+          "code": [{"a": [1, -1e19]}, None, {"b": {"c": "d"}}, [1], {"e": [1.5, "f"]}, {}, {"g": float("inf")}]}),
+        ("budget", "window", [3.0, 3.1], {"changes": [[1, [2, 3]], "no"], "shares": [{"cpu": 0.5}, {"cpu": 1e30}]}),
     ]
     _check(series)
     bad = BadValues()
     stats, replay = clean_chunk(series, bad)
-    assert len(bad.counts) >= 6   # the chunk is as bad as meant
+    assert len(bad.counts) >= 10   # the chunk is as bad as meant
+    # each bad nested value found, the good ones kept as they are
+    (threads,) = [s[3]["threads"] for s in replay if s[0] == "stacks"]
+    assert threads[0] != series[-2][3]["threads"][0] and threads[-1] is series[-2][3]["threads"][-1]
+    assert threads[5] is None
     assert [s[0] for s in replay].count(long) == 1 and all(s[0] != long for s in stats)
     assert all(s[1] != long for s in replay)

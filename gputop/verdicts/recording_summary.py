@@ -22,6 +22,7 @@ from gputop.session.recording_format import Series
 from gputop.session.sanitize import BadValues, clean_chunk
 from gputop.session.summary_chain import IncrementalReplay
 from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
+from gputop.verdicts.summary import summary_rows
 
 SUMMARY_VERDICT_KINDS = (KIND_VERDICT, KIND_VERDICT_PRIMARY, KIND_VERDICT_CHANGE)   # what verdicts/summary.py reads
 
@@ -56,7 +57,8 @@ class RecordingSummarizer:
         self.chain.add_chunk(for_replay, t0, t1, clean=True)
 
     def take(self) -> dict:
-        out = {"stats": self.stats.to_json(), "verdicts": [[s.t, s.kind, s.key, s.data] for s in self.verdicts],
+        out = {"stats": self.stats.to_json(),
+               "verdicts": [[s.t, s.kind, s.key, s.data] for s in summary_rows(self.verdicts)],
                "sections": report_partials.summarize(self.section_samples)}
         self.stats = StatsPartial()
         self.verdicts = []

@@ -84,6 +84,35 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
             "no_verdict_why": why_none if primary is None else None}
 
 
+def summary_rows(samples: list[Sample]) -> list[Sample]:
+    """Of one stretch's verdict samples, what ``summarize_verdicts`` reads, so that the
+    recorder's summary frames (verdicts/recording_summary.py) carry no more: an active verdict's
+    evidence and ``since`` (its whole sample only the last time in the stretch: the report keeps
+    the last one's title, advice ...), a primary's id, phase and, where it is read, its ``why``;
+    the changes; inactive verdicts not at all. Run over consecutive stretches and put together,
+    these summarize exactly as the samples do (tests/test_recording_summaries.py): a verdict's
+    last sample in the file is the last one in the last stretch it is active in. Two thirds of a
+    frame's verdict bytes were what the report never reads."""
+    last_at = {}
+    for i, s in enumerate(samples):
+        if s.kind == KIND_VERDICT and s.data.get("active"):
+            last_at[s.key] = i
+    out = []
+    for i, s in enumerate(samples):
+        d = s.data
+        if s.kind == KIND_VERDICT:
+            if not d.get("active"):
+                continue
+            if last_at.get(s.key) != i:
+                d = {k: d[k] for k in ("active", "evidence", "since") if k in d}
+        elif s.kind == KIND_VERDICT_PRIMARY:
+            keep = ("id", "phase", "why") if (d.get("phase") not in JUDGED_OR_UNKNOWN or not d.get("id")) \
+                else ("id", "phase")
+            d = {k: d[k] for k in keep if k in d}
+        out.append(s if d is s.data else Sample(s.t, s.kind, s.key, d))
+    return out
+
+
 def _evidence_summary(rows: list[dict]) -> dict:
     """Mean of each numeric evidence field over the time the verdict was active; the last value
     of the others."""
