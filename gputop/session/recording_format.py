@@ -386,7 +386,7 @@ def validate_chunk(obj, t0: float | None = None, t1: float | None = None) -> lis
         for name, col in cols.items():
             if not isinstance(name, str) or not isinstance(col, list) or len(col) != n:
                 raise FrameDamaged("unexpected structure")
-            if len(name) > MAX_STRING or not _tree_ok(col, 0):   # each value as _check_value(v, 1)
+            if len(name) > MAX_STRING or not all(type(v) in _FAST or _check_value(v, 1) for v in col):
                 raise FrameDamaged("a value is too long or too deeply nested")
         out.append((kind, key, ts, cols))
     if t0 is not None and n_samples:

@@ -20,8 +20,7 @@ from collections import OrderedDict
 
 from gputop.model import Sample
 from gputop.session.recording import CHUNK_SLACK_S, ChunkRef, RecordingError, RecordingReader, damage_line
-from gputop.session.recording_format import samples_of
-from gputop.session.sanitize import clean_chunk, clean_meta
+from gputop.session.sanitize import clean_meta, clean_samples
 from gputop.session.session import Processor, run_processor
 from gputop.session.store import Bus, SampleStore
 
@@ -253,9 +252,7 @@ class ReplaySession:
         got = self._cache.get(ref.offset)
         if got is None:
             try:
-                # checked a column at a time (clean_chunk's replay half is clean_samples of
-                # the chunk's samples, at a fraction of its cost: most of what a far seek costs)
-                got = samples_of(clean_chunk(self.reader.read_series(ref))[1])
+                got = clean_samples(self.reader.read_chunk(ref))
             except RecordingError as e:  # a per-file bound: say it, play nothing further
                 self._stop_on(e)
                 self.reader.index.bad_chunks.add(ref.offset)

@@ -234,49 +234,10 @@ def _column_ok(col: list, want: str, allowed) -> bool:
     return False
 
 
-_JSON_TYPES = frozenset({_NONE, bool, float, int, str, list, dict})
-
-
-def _plain_items(items: list, depth: int) -> bool:
-    """True when every item is a value ``_bounded(x, depth)`` returns unchanged with no reason,
-    checked a list at a time (by the set of the items' types, their numbers' and strings'
-    bounds) rather than one call per value: py-spy's threads and a verdict's evidence are
-    lists and objects a few levels deep, most of what a far seek checks."""
-    types = set(map(type, items))
-    if not types <= _JSON_TYPES:
-        return False
-    if (float in types or int in types) and not all(
-            -MAX_NUMBER <= x <= MAX_NUMBER for x in items if type(x) is float or type(x) is int):
-        return False   # (NaN fails the comparison too)
-    if str in types and max(len(x) for x in items if type(x) is str) > MAX_STRING:
-        return False
-    if list in types or dict in types:
-        if depth >= MAX_DEPTH:
-            return False
-        for x in items:
-            tx = type(x)
-            if tx is list:
-                if not _plain_items(x, depth + 1):
-                    return False
-            elif tx is dict and x and (max(map(len, x)) > MAX_KEY or not _plain_items(list(x.values()), depth + 1)):
-                return False
-    return True
-
-
-def _nested_ok(col: list, want: str, allowed) -> bool:
-    """The fast check of a column of lists or objects: every value one ``clean_value(v, want)``
-    keeps as it is."""
-    if allowed is not None or want not in (A, L, D):
-        return False
-    if want != A and not set(map(type, col)) <= ({_NONE, list} if want == L else {_NONE, dict}):
-        return False
-    return _plain_items(col, 0)
-
-
 def _clean_column(kind: str, name: str, col: list, bad: BadValues | None) -> list:
     want = _want(kind, name)
     allowed = ENUMS.get((kind, name))
-    if _column_ok(col, want, allowed) or _nested_ok(col, want, allowed):
+    if _column_ok(col, want, allowed):
         return col
     out = None
     for i, v in enumerate(col):
