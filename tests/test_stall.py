@@ -57,8 +57,10 @@ def test_each_stop_is_named_stalled_in_time_and_clears_when_steps_resume(jobs, n
     assert on[0] - start <= NAMED_WITHIN_S, (name, on[0] - start)
     off = [t for t, active in changes(job) if not active and t > on[0]]
     assert off and end < off[0] <= end + CLEARS_WITHIN_S, (name, off, end)
-    # the detector itself says stalled during the scene and not once steps came back
-    states = [s for s in of_kind(job["samples"], KIND_STALL, "job") if end + 2.5 <= s.t <= end + 6.0]
+    # the detector itself says stalled during the scene and not once steps came back (the
+    # probe's window of the first step closes <= 1 s after it, the detector runs each second,
+    # and a loaded machine adds a little to both)
+    states = [s for s in of_kind(job["samples"], KIND_STALL, "job") if end + 3.5 <= s.t <= end + 7.0]
     assert states and not any(s.get("stalled") for s in states)
 
 
