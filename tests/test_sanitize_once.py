@@ -42,7 +42,7 @@ def test_bad_values_times_and_keys_are_checked_alike():
         ("gpu", long, [1.0], {"v": [1.0]}),    # a key too long: both drop it
         ("verdict", "x", [0.5, 0.7], {"evidence": [{"a": [[[[[[[[[[1]]]]]]]]]]}, "no"], "active": [1, False]}),
         # lists and objects (py-spy's threads, a verdict's evidence) with one bad value deep inside:
-        # the column-at-a-time check must send each to the value-by-value one
+        # both checks (clean_chunk by column, clean_samples by value) must find each
         ("stacks", "7", [2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6],
          {"threads": [[{"tid": 1, "frames": [[0, 3, 2 ** 70]]}], [{"tid": 2, "n": float("nan")}],
                       [{"name": "x" * (MAX_STRING + 1)}], [{"k" * (MAX_KEY + 1): 1}], [[[[[[[[[[0]]]]]]]]]],

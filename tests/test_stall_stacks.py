@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.catalogue import KIND_STALL, KIND_STALL_SNAPSHOT
+from gputop.catalogue import KIND_STACKS, KIND_STALL, KIND_STALL_SNAPSHOT
 from gputop.derive.budget_processor import BudgetProcessor
 from gputop.derive.stall import StallDetector, describe_snapshot
 from gputop.derive.threads import ThreadStateProcessor
@@ -47,6 +47,13 @@ def test_stack_steps_name_the_stop_stalled_and_clear(job):
     # judged on the stacks' clock (derive/stall.py): seen when the first window that ends past
     # the threshold lands, up to a window (2 s), py-spy's start and a tick (1 s) after it
     assert on[0].get("threshold_s") >= STACK_MIN_S and on[0].t - start <= on[0].get("threshold_s") + 5.0, (on[0], start)
+    # ... and never before the stacks themselves have gone a threshold without a step: each
+    # "no step" is backed by a window that ended that long after the last step (on the clock
+    # of now, a stop would be called while the window that shows the next step is on its way)
+    windows = sorted(s.t for s in of_kind(job["samples"], KIND_STACKS) if s.get("main"))
+    for s in (s for s in states if s.get("stalled") and s.get("reason") == "no_step"):
+        seen = max(t for t in windows if t <= s.t)
+        assert seen - s.get("last_step_t") >= s.get("threshold_s") - 0.02, (s.t, seen, s.data)
     # steps seen again: py-spy's windows (2 s) arrive after they end, so a few seconds late
     after = [s for s in states if end + 6.0 <= s.t <= end + 8.0]
     assert after and not any(s.get("stalled") for s in after)

@@ -30,21 +30,19 @@ import math
 import statistics
 
 from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_STALL, KIND_STALL_SNAPSHOT,
-                               KIND_TARGET)
+                               KIND_TARGET, SOURCE_STACKS)
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
 from gputop.derive.budget import BLOCKED, COLLECTIVE, CPU, CPU_WAIT, DATA, IO, SYNC, owner
 from gputop.derive.budget_processor import judged_process
 from gputop.derive.moments import MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
-from gputop.model import Sample
+from gputop.model import KIND_HEALTH, Sample
 
 STALL_MIN_S = 10.0          # no step for at least this long ...
 STALL_STEP_FACTOR = 20.0    # ... and for 20x the median step time (a slow step is not a stall)
 STALL_IDLE_S = 30.0         # main thread and GPU both idle this long without a break
 IDLE_MAIN_RUNNING = 5.0     # % of the main thread's time on the CPU below which it is idle or waiting
-IDLE_FRESH_S = 4.0          # the newest py-spy sample must be this recent, past its window's length,
-                            # to say the thread waits now (2 s windows: 6 s; the agent's 20 s: 24 s)
 IDLE_GPU_PCT = 5.0          # util.gpu / SM active below which the GPU is idle
 BUSY_GPU_PCT = 20.0         # a GPU seen this busy means the job was making progress once
 HISTORY_S = 120.0           # the median step time is taken over this much of the past (probe)
@@ -127,12 +125,13 @@ class StallDetector:
             return m.split.shares.get(CPU, 0.0) + m.split.shares.get(CPU_WAIT, 0.0) < IDLE_MAIN_RUNNING / 100.0
         return False
 
-    def _idle_since(self, store, now: float, moments_of: dict[str, list], gpus: list[str]) -> float | None:
+    def _idle_since(self, store, now: float, moments_of: dict[str, list], gpus: list[str],
+                    window: float) -> float | None:
         """Since when every judged main thread has waited and the GPU has been idle (None: not now).
         From the py-spy moments (each at its own time), not the 10 s thread-state shares."""
         since = float("-inf")
-        for pid, ms in moments_of.items():
-            if not ms or ms[-1].t < now - _window_s(store, pid) - IDLE_FRESH_S or not self._waiting(ms[-1]):
+        for ms in moments_of.values():
+            if not ms or ms[-1].t < now - stacks_late_s(window) or not self._waiting(ms[-1]):
                 return None
             start = ms[-1].t
             for m in reversed(ms):
@@ -167,14 +166,15 @@ class StallDetector:
             if pid is None:
                 return []
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
-        moments_of, seen_until = {}, {}
+        moments_of, seen_until, stacks_seen = {}, {}, {}
+        window = _window_s(store)
         for pid in pids:
             probed = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
-            seen_until[pid] = now
+            stacks_seen[pid] = _stacks_seen_until(store, pid, now, window)
+            seen_until[pid] = now if probed else stacks_seen[pid]
             if not probed:
                 self._stack_steps(pid, moments_of[pid])
-                seen_until[pid] = _stacks_seen_until(store, pid, now)
         phase = store.latest(KIND_PHASE, "main")
         phase_name = phase.get("phase") if phase is not None else None
         target = next(iter(store.latest_of_kind(KIND_TARGET).values()), None)
@@ -192,13 +192,15 @@ class StallDetector:
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
         threshold = max(self.min_s, self.factor * median) if median is not None else self.min_s
-        self.idle_since = self._idle_since(store, now, moments_of, gpus)
+        self.idle_since = self._idle_since(store, now, moments_of, gpus, window)
 
         reason = None
         if not ended and self.progressed:
             if quiet and phase_name not in _PAUSED and min(quiet) >= threshold:
                 reason = "no_step"
-            elif self.idle_since is not None and now - self.idle_since >= self.idle_s:
+            # idle as long as the stacks have shown it (up to the newest window's end), not up
+            # to now: what the thread does after its newest window nobody has seen yet
+            elif self.idle_since is not None and min(stacks_seen.values()) - self.idle_since >= self.idle_s:
                 reason = "idle"
         if reason is None:
             self.since = None
@@ -217,22 +219,31 @@ class StallDetector:
         return [Sample(now, KIND_STALL, "job", data)]
 
 
-def _window_s(store, pid: str) -> float:
-    """The length of the newest py-spy window of ``pid`` (0 without one): its samples arrive when
-    it ends, so the newest of them is up to that much older than the window's end."""
-    s = store.latest(KIND_STACKS, pid)
-    d = _num(s.get("dur_s")) if s is not None else None
-    return min(max(d, 0.0), 600.0) if d is not None else 0.0
+def _window_s(store) -> float:
+    """How long a py-spy window takes: the stacks source's configured window (its health says;
+    a window's own ``dur_s`` is the span it sampled, shorter when py-spy fell behind), 2 s for a
+    recording without it. Its samples arrive when it ends, so the newest of them is up to that
+    much older than the window's end, and the next window ends about that much later."""
+    h = store.latest(KIND_HEALTH, SOURCE_STACKS)
+    w = _num(h.get("window_s")) if h is not None else None
+    return min(max(w, 1.0), 600.0) if w is not None else 2.0
 
 
-def _stacks_seen_until(store, pid: str, now: float) -> float:
+def stacks_late_s(window: float) -> float:
+    """How old the newest py-spy sample may be and still say what a thread does now, and how late
+    the next window may land: 1.5 windows and 3 s (a loaded machine starts py-spy late): 6 s at
+    the UI's 2 s windows, 33 s at the agent's 20 s."""
+    return 1.5 * window + 3.0
+
+
+def _stacks_seen_until(store, pid: str, now: float, window: float) -> float:
     """Up to when py-spy has looked at ``pid``: the end of its newest window, while the next one
-    may still be on its way (1.5 windows and 3 s: a loaded machine starts py-spy late); ``now``
-    once the windows have stopped coming (py-spy failing: the steps seen so far are all there is)."""
+    may still be on its way; ``now`` once the windows have stopped coming (py-spy failing: the
+    steps seen so far are all there is)."""
     s = store.latest(KIND_STACKS, pid)
     if s is None or s.t > now:
         return now
-    return s.t if now - s.t <= 1.5 * _window_s(store, pid) + 3.0 else now
+    return s.t if now - s.t <= stacks_late_s(window) else now
 
 
 def _r(x, nd: int = 2):

@@ -90,7 +90,7 @@ def summary_rows(samples: list[Sample]) -> list[Sample]:
     evidence and ``since`` (its whole sample only the last time in the stretch: the report keeps
     the last one's title, advice ...), a primary's id, phase and, where it is read, its ``why``;
     the changes; inactive verdicts not at all. Run over consecutive stretches and put together,
-    these summarize exactly as the samples do (tests/test_recording_summaries.py): a verdict's
+    these summarize exactly as the samples do (tests/test_verdict_summary_rows.py): a verdict's
     last sample in the file is the last one in the last stretch it is active in. Two thirds of a
     frame's verdict bytes were what the report never reads."""
     last_at = {}
