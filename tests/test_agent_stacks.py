@@ -31,7 +31,7 @@ def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
     agent.start()
     try:
         verdict = None
-        coverage = []        # seconds of stacks in each budget window after the first stacks came
+        coverage = []        # seconds of stacks in each budget window once it first held enough
         looked = []          # when each was looked at
         first_stacks = None
         stalled = []         # a job that steps all along is never called stalled
@@ -43,8 +43,11 @@ def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
                 continue
             store = jobs[0].session.store
             b = store.latest("budget", "window")
-            if b is not None and (b.get("from") == "stacks" or first_stacks):
-                # once stacks came, a budget that fell back to the GPU alone holds none of them
+            # from the moment the budget first holds BUDGET_STACKS_S of stacks (before, it spans
+            # only the training seen so far: the first window may have caught its first seconds)
+            if b is not None and (first_stacks or b.get("from") == "stacks" and
+                                  (b.get("seconds") or 0.0) >= BUDGET_STACKS_S):
+                # after that, a budget that fell back to the GPU alone holds none of them
                 first_stacks = first_stacks or time.monotonic()
                 coverage.append((b.get("seconds") or 0.0) if b.get("from") == "stacks" else 0.0)
                 looked.append(time.monotonic())

@@ -171,7 +171,8 @@ class StallDetector:
         for pid in pids:
             probed = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
-            stacks_seen[pid] = _stacks_seen_until(store, pid, now, window)
+            seen = _stacks_seen_until(store, pid)
+            stacks_seen[pid] = min(seen, now) if seen is not None else now
             seen_until[pid] = now if probed else stacks_seen[pid]
             if not probed:
                 self._stack_steps(pid, moments_of[pid])
@@ -230,20 +231,19 @@ def _window_s(store) -> float:
 
 
 def stacks_late_s(window: float) -> float:
-    """How old the newest py-spy sample may be and still say what a thread does now, and how late
-    the next window may land: 1.5 windows and 3 s (a loaded machine starts py-spy late): 6 s at
-    the UI's 2 s windows, 33 s at the agent's 20 s."""
+    """How old the newest py-spy sample may be and still say what a thread does now (the next
+    window may land that late): 1.5 windows and 3 s (a loaded machine starts py-spy late): 6 s
+    at the UI's 2 s windows, 33 s at the agent's 20 s."""
     return 1.5 * window + 3.0
 
 
-def _stacks_seen_until(store, pid: str, now: float, window: float) -> float:
-    """Up to when py-spy has looked at ``pid``: the end of its newest window, while the next one
-    may still be on its way; ``now`` once the windows have stopped coming (py-spy failing: the
-    steps seen so far are all there is)."""
+def _stacks_seen_until(store, pid: str) -> float | None:
+    """Up to when py-spy has looked at ``pid``: the end of its newest window (None: never). When
+    the windows stop coming (py-spy failing, its health says so) the clock stops with them: a
+    job nobody can see step is not called stalled for that (it was, before: a critical verdict
+    for a sampler's failure)."""
     s = store.latest(KIND_STACKS, pid)
-    if s is None or s.t > now:
-        return now
-    return s.t if now - s.t <= stacks_late_s(window) else now
+    return s.t if s is not None else None
 
 
 def _r(x, nd: int = 2):
