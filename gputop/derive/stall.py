@@ -11,7 +11,8 @@ stalled now, since when, why, and the ranks a snapshot should dump. Two ways to 
 - **idle**: the main thread off the CPU in every py-spy sample (a wait its frames name: sleep,
   lock, collective, data, sync, I/O; or Python code the kernel saw on the CPU <
   ``IDLE_MAIN_RUNNING``) and the GPU idle (util.gpu and SM active < ``IDLE_GPU_PCT``, or no GPU
-  at all) for ``idle_s`` without a break. It needs py-spy's stacks.
+  at all) for ``idle_s`` without a break, and no step taken in that time (a job that steps
+  progresses, whatever 60 py-spy samples in the agent's 30 s say). It needs py-spy's stacks.
 
 What is not a stall (docs/verdicts.md, "stalled"): start-up before the first step (nothing has
 progressed yet: a job that never stepped and never kept its GPU busy is never called stalled),
@@ -48,6 +49,8 @@ BUSY_GPU_PCT = 20.0         # a GPU seen this busy means the job was making prog
 HISTORY_S = 120.0           # the median step time is taken over this much of the past (probe)
 MOMENTS_S = 40.0            # py-spy moments looked at each second (stack steps, the idle test)
 SAY_EVERY_S = 1.0
+STEP_SLACK_S = 2.0          # a step this far into an idle stretch is one the stretch began after
+                            # (a probe window ends up to 1 s after its steps); a later one is progress
 _NUM = (int, float)
 _PAUSED = (ph.EVALUATION, ph.CHECKPOINTING)   # phases without steps: the step clock waits
 _WAITING = (DATA, SYNC, BLOCKED, COLLECTIVE, IO)   # what a main thread named by its frames waits in
@@ -201,7 +204,11 @@ class StallDetector:
                 reason = "no_step"
             # idle as long as the stacks have shown it (up to the newest window's end), not up
             # to now: what the thread does after its newest window nobody has seen yet
-            elif self.idle_since is not None and min(stacks_seen.values()) - self.idle_since >= self.idle_s:
+            # ... and no step taken in that time: a job that steps progresses, however its main
+            # thread looks in py-spy's samples (2 a second in the agent: 60 in 30 s can all land in
+            # a data wait or the GIL while the probe counts steps)
+            elif (self.idle_since is not None and min(stacks_seen.values()) - self.idle_since >= self.idle_s
+                  and (last_step is None or last_step <= self.idle_since + STEP_SLACK_S)):
                 reason = "idle"
         if reason is None:
             self.since = None

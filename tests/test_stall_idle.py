@@ -1,0 +1,37 @@
+"""The stall detector's idle test never calls a job that steps stalled: real H200 recordings
+judged with the idle test made short (3 s, so that it would fire on any stretch of waiting
+samples) — a GIL-bound and an input-bound loop, whose main threads wait in stretch after
+stretch of py-spy samples while the probe counts their steps, are never idle-stalled; the
+recording with real stops (a sleep and a lock) still is, during the stops."""
+
+from __future__ import annotations
+
+import os
+
+from gputop.catalogue import KIND_STALL
+from gputop.derive.budget_processor import BudgetProcessor
+from gputop.derive.stall import STEP_SLACK_S, StallDetector
+from gputop.derive.threads import ThreadStateProcessor
+from gputop.session.whole_replay import replay_whole
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "h200")
+
+
+def _idle(name: str) -> list:
+    got = replay_whole(os.path.join(DATA, name), [ThreadStateProcessor(), BudgetProcessor(),
+                                                  StallDetector(min_s=1000.0, idle_s=3.0)], [KIND_STALL])
+    states = got.of_kind(KIND_STALL)
+    assert states and any(s.get("last_step_t") is not None for s in states), "a file with steps"
+    return [s for s in states if s.get("stalled") and s.get("reason") == "idle"]
+
+
+def test_a_job_that_steps_is_not_idle_stalled():
+    for name in ("gil_contention.gtrec", "input_bound.gtrec"):
+        assert _idle(name) == [], name
+
+
+def test_real_stops_are_still_idle_stalled():
+    idle = _idle("issue15/stall_sleep_lock.gtrec")
+    assert len(idle) >= 10
+    # each during a stop: no step after the stretch began (beyond a probe window's lag)
+    assert all(s.get("last_step_t") <= s.get("idle_since") + STEP_SLACK_S for s in idle)
