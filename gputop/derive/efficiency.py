@@ -16,6 +16,7 @@ GPU, no counter). ``efficiency(by_kind)`` takes samples grouped as {kind: {key: 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from gputop import gpu_peaks
@@ -70,6 +71,15 @@ class Energy:
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+_FLOAT_OR_NONE = frozenset({float, type(None)})
+
+
+def _nums(col: list) -> list:
+    """``[_num(v) for v in col]``; the column itself when it holds only floats and None (nearly
+    always: an hour's 36k readings are then not converted one call at a time)."""
+    return col if set(map(type, col)) <= _FLOAT_OR_NONE else list(map(_num, col))
 
 
 def flops_per_step(windows) -> tuple[int | None, dict, str | None]:
@@ -147,9 +157,13 @@ class GpuReadings:
                                             for f in ("energy_j", "power_w", "tensor_active")))
 
     def between(self, t0: float, t1: float) -> "GpuReadings":
-        keep = [i for i, t in enumerate(self.t) if t0 <= t <= t1]
-        return GpuReadings(*([col[i] for i in keep] for col in (self.t, self.energy_j, self.power_w,
-                                                                self.tensor_active)))
+        ts = self.t
+        cols = (ts, self.energy_j, self.power_w, self.tensor_active)
+        if all(a <= b for a, b in zip(ts, ts[1:])):   # time-ordered (as they always are): two bisects
+            i, j = bisect.bisect_left(ts, t0), bisect.bisect_right(ts, t1)
+            return GpuReadings(*(col[i:j] for col in cols))
+        keep = [i for i, t in enumerate(ts) if t0 <= t <= t1]
+        return GpuReadings(*([col[i] for i in keep] for col in cols))
 
 
 NO_READINGS = GpuReadings([], [], [], [])
@@ -161,7 +175,7 @@ def gpu_energy(samples) -> Energy:
 
 
 def _first_reading(vals) -> tuple[int, float] | None:
-    return next(((i, e) for i, e in enumerate(map(_num, vals)) if e is not None), None)
+    return next(((i, e) for i, e in enumerate(_nums(vals)) if e is not None), None)
 
 
 def readings_energy(g: GpuReadings) -> Energy:
@@ -172,11 +186,13 @@ def readings_energy(g: GpuReadings) -> Energy:
         (i, e0), (j, e1) = first, (len(g.t) - 1 - last[0], last[1])
         if e1 >= e0 and g.t[j] > g.t[i]:
             return Energy(e1 - e0, g.t[j] - g.t[i], METHOD_COUNTER)
-    pw = [(t, w) for t, w in zip(g.t, map(_num, g.power_w)) if w is not None]
-    if len(pw) < 2:
+    ws = _nums(g.power_w)
+    keep = [i for i, w in enumerate(ws) if w is not None]
+    if len(keep) < 2:
         return Energy(None, 0.0, None, "no energy counter and too few power readings")
-    joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(pw, pw[1:]) if t1 - t0 < 5.0)
-    return Energy(joules, pw[-1][0] - pw[0][0], METHOD_POWER)
+    ts, ws = [g.t[i] for i in keep], [ws[i] for i in keep]
+    joules = sum((t1 - t0) * (w0 + w1) / 2 for t0, t1, w0, w1 in zip(ts, ts[1:], ws, ws[1:]) if t1 - t0 < 5.0)
+    return Energy(joules, ts[-1] - ts[0], METHOD_POWER)
 
 
 def joules_per(watts: float | None, per_s: float | None) -> float | None:
@@ -262,7 +278,7 @@ def efficiency(by_kind: dict, grid_g_per_kwh: float | None = None, power_gpus: d
     # GPM cross-check: the tensor pipes' activity on the job's GPUs over the span MFU divides by
     # (the probe windows that timed steps: start-up and the end are not training time).
     span = _training_span(steps)
-    out["tensor_active_pct"] = _mean(_mean(map(_num, (gpus.get(k, NO_READINGS).between(*span) if span
+    out["tensor_active_pct"] = _mean(_mean(_nums((gpus.get(k, NO_READINGS).between(*span) if span
                                                       else gpus.get(k, NO_READINGS)).tensor_active))
                                      for k in used)
     # Energy, per GPU of the job: the session's joules and kWh over every sample; J/step and
