@@ -2,7 +2,8 @@
 without a probe (so the verdict can only come from py-spy's stacks and the kernel sampler) is
 named input-bound, and the time budget always holds >= ~10 s of stacks although a py-spy
 window's samples arrive only when the window ends, and the job, which steps all along, is never
-called stalled between two windows (gputop/agent/job.py says why)."""
+called stalled between two windows (gputop/derive/stall.py says why); while the verdict is on,
+every scrape of the agent's /metrics serves it as 1."""
 
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ import time
 import uuid
 
 from gputop.agent.agent import Agent
+from gputop.agent.collector import AgentCollector
 from gputop.agent.job import BUDGET_STACKS_S, Rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_SCRIPT = "import sys\nfrom gputop.demo.workload import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def _served(collector, verdict: str) -> float | None:
+    for fam in collector.collect():
+        for s in fam.samples:
+            if s.name == "gputop_verdict_active" and s.labels.get("verdict") == verdict:
+                return s.value
+    return None
 
 
 def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
@@ -35,6 +45,8 @@ def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
         looked = []          # when each was looked at
         first_stacks = None
         stalled = []         # a job that steps all along is never called stalled
+        served = []          # gputop_verdict_active of the verdict at each poll while it is active
+        collector = AgentCollector(agent)
         deadline = time.monotonic() + 100
         while time.monotonic() < deadline:
             time.sleep(0.5)
@@ -57,6 +69,9 @@ def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
             v = store.latest("verdict", "input_bound")
             if v is not None and v.get("active") and verdict is None:
                 verdict = v.data
+            if v is not None and v.get("active"):
+                # what a scrape serves of it between two of the agent's derive runs (every 4 s)
+                served.append(_served(collector, "input_bound"))
             # past the moment the second window's samples land (the first one's are the oldest then)
             if verdict is not None and first_stacks and time.monotonic() - first_stacks > rates.stack_window_s + 4:
                 break
@@ -68,6 +83,9 @@ def test_input_bound_from_stacks_at_the_agents_rates(tmp_path):
         # py-spy's own spawn gap and a loaded box's late windows cost a few seconds at most
         assert min(coverage) >= BUDGET_STACKS_S - 3, coverage
         assert not stalled, stalled[:2]
+        # an active verdict is served as 1 at every scrape, not dropped as stale between two runs
+        # (Prometheus would restart the alert's `for:` each time)
+        assert len(served) >= 10 and set(served) == {1.0}, served
     finally:
         agent.stop()
         job.kill()

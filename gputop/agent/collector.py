@@ -47,7 +47,7 @@ class AgentCollector:
         for job in jobs:
             try:
                 s = job.session
-                fams = collect_families(s.store, s.now(), dict(s.meta), "live")
+                fams = collect_families(s.store, s.now(), dict(s.meta), "live", derive_every_s=job.derive_every_s)
             except Exception as e:   # one job's bug must not cost the others their scrape
                 n = self.job_errors[job.label] = self.job_errors.get(job.label, 0) + 1
                 if n == 1:

@@ -144,6 +144,8 @@ class Job:
             if rates.stacks:
                 widen_windows(p, rates.stack_window_s, rates.derive_every_s)
         self.session = LiveSession(sources, clock, meta, processors=processors)
+        # how often the derived series are refreshed: the exporter serves them that much longer
+        self.derive_every_s = max(rates.derive_every_s, rates.thread_states_every_s)
         self.recorder: RollingRecorder | None = None
         if state is not None:
             # a subscriber of its own, so a new file can replace a full one while the session runs

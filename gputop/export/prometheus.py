@@ -192,9 +192,19 @@ def _ranks(store) -> dict[str, str]:
     return {pid: rank_of(pid) for pid in set(own) | set(parent)}
 
 
-def collect_families(store, now: float, meta: dict, mode: str = "live") -> list:
-    """Every metric family of the session's current state (what one scrape serves)."""
+def derived_stale_s(derive_every_s: float) -> float:
+    """How old the processors' newest output (the time budget, thread states, verdicts) may be
+    and still be served: ``STALE_S`` at their 1 s cadence, longer when they run less often (the
+    node agent's every 4 s: 8 s). A shorter limit would drop an active verdict from every other
+    scrape between two runs, and Prometheus would restart an alert's ``for:`` each time."""
+    return STALE_S + max(0.0, derive_every_s - 1.0)
+
+
+def collect_families(store, now: float, meta: dict, mode: str = "live", derive_every_s: float = 1.0) -> list:
+    """Every metric family of the session's current state (what one scrape serves).
+    ``derive_every_s``: how often the session's processors run (see ``derived_stale_s``)."""
     fams = _Families()
+    derived = derived_stale_s(derive_every_s)
     host = str(meta.get("host") or socket.gethostname())
     target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
     target_pid = str(target.get("pid", "")) if target.get("pid") is not None else ""
@@ -226,11 +236,11 @@ def collect_families(store, now: float, meta: dict, mode: str = "live") -> list:
     _gpu(fams, store, now, host, rank)
     _system(fams, store, now, host)
     _procs(fams, store, now, host, rank)
-    _threads(fams, store, now, host, rank)
+    _threads(fams, store, now, host, rank, derived)
     _probe(fams, store, now, host, rank)
-    _budget(fams, store, now, host, target_pid)
+    _budget(fams, store, now, host, target_pid, derived)
     _efficiency(fams, store, now, host, rank)
-    _verdicts(fams, store, now, host, target_pid, meta)
+    _verdicts(fams, store, now, host, target_pid, meta, derived)
     _health(fams, store, host)
     return list(fams)
 
@@ -310,7 +320,7 @@ THREAD_STATE_HELP = ("Share of the last ~10 s a thread of the target spent in ea
                      + "; ".join(f"{k} = {STATE_LABELS[k]}" for k in STATES) + ". (gputop thread_state.<state>_pct)")
 
 
-def _threads(fams: _Families, store, now: float, host: str, rank) -> None:
+def _threads(fams: _Families, store, now: float, host: str, rank, derived: float = STALE_S) -> None:
     for key, s in store.latest_of_kind(KIND_THREAD).items():
         if not _fresh(s, now):
             continue
@@ -321,7 +331,7 @@ def _threads(fams: _Families, store, now: float, host: str, rank) -> None:
     newest = max((s.t for s in states.values()), default=None)
     for key, s in states.items():
         # Only the processor's latest run: a thread missing from it has ended or gone quiet.
-        if not _fresh(s, now, STALE_S + 2.0) or s.t < newest - 0.5:
+        if not _fresh(s, now, derived + 2.0) or s.t < newest - 0.5:
             continue
         d = s.data
         pid, _, tid = key.partition(":")
@@ -380,10 +390,10 @@ PHASE_HELP = ("The job's phase now: 1 for the current one (" + ", ".join(f"{p} =
               + "); verdicts judge " + ", ".join(ph.JUDGED) + " only. (gputop phase.phase)")
 
 
-def _budget(fams: _Families, store, now: float, host: str, target_pid: str) -> None:
+def _budget(fams: _Families, store, now: float, host: str, target_pid: str, derived: float = STALE_S) -> None:
     """The latest window budget (one series per category) and the current phase."""
     s = store.latest(KIND_BUDGET, "window")
-    window = s.data if _fresh(s, now) and isinstance(s.data, dict) else None
+    window = s.data if _fresh(s, now, derived) and isinstance(s.data, dict) else None
     pid = str(window.get("pid") or target_pid) if window is not None else target_pid
     if window is not None:
         shares = window.get("shares") if isinstance(window.get("shares"), dict) else {}
@@ -401,9 +411,10 @@ def _budget(fams: _Families, store, now: float, host: str, target_pid: str) -> N
         fams.add("phase_info", PHASE_HELP, {"host": host, "pid": pid, "phase": phase}, 1)
 
 
-def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, meta: dict) -> None:
+def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, meta: dict,
+              derived: float = STALE_S) -> None:
     primary = store.latest(KIND_VERDICT_PRIMARY, "primary")
-    if not _fresh(primary, now):
+    if not _fresh(primary, now, derived):
         return  # the verdict engine is not running: no verdict is known, so none is served as 0
     latest = store.latest_of_kind(KIND_VERDICT)
     ids = list(VERDICT_IDS) + sorted(set(latest) - set(VERDICT_IDS))
@@ -411,7 +422,7 @@ def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, me
     primary_id = primary.data.get("id")
     for vid in ids:
         s = latest.get(vid)
-        active = bool(s is not None and _fresh(s, now) and s.data.get("active"))
+        active = bool(s is not None and _fresh(s, now, derived) and s.data.get("active"))
         lab = {"host": host, "pid": target_pid, "verdict": vid}
         fams.add("verdict_active", "1 while this bottleneck verdict is active, 0 otherwise; one series per known "
                  "verdict id (docs/verdicts.md). (gputop verdict.active)", lab, 1 if active else 0)
