@@ -413,3 +413,33 @@ def test_the_ui_serves_metrics_too(tmp_path):
         target.wait()
         reader.join(timeout=2)
         os.close(master)
+
+
+def test_processors_series_are_served_for_their_cadence():
+    """The node agent runs the processors every 4 s: between two runs their newest verdict is up
+    to 4 s old (more on a loaded node), and is still served; at the UI's 1 s cadence the limit
+    stays STALE_S. A real H200 recording, its processors run every 4 s as the agent runs them."""
+    from gputop.export.prometheus import collect_families, derived_stale_s
+
+    assert derived_stale_s(1.0) == STALE_S and derived_stale_s(4.0) == STALE_S + 3.0
+    procs = default_processors()
+    for p in procs:
+        p.interval_s = max(p.interval_s, 4.0)
+    s = ReplaySession(str(DATA / "h200" / "input_bound.gtrec"), processors=procs, start_playing=False)
+    try:
+        s.play_to(s.t_start + 30.0)
+        primary = s.store.latest("verdict_primary", "primary")
+        assert primary is not None and primary.data.get("id"), "a verdict held by then"
+
+        def served(age: float, every: float) -> dict:
+            fams = collect_families(s.store, primary.t + age, s.meta, "live", derive_every_s=every)
+            return {smp.labels["verdict"]: smp.value for f in fams for smp in f.samples
+                    if smp.name == "gputop_verdict_active"}
+
+        vid = primary.data["id"]
+        # a run late by 2 s on a loaded node: 6 s old, served at the agent's cadence
+        assert served(6.0, 4.0).get(vid) == 1.0
+        assert served(6.0, 1.0) == {}               # at 1 s a 6 s old verdict engine is not running
+        assert served(STALE_S + 3.5, 4.0) == {}     # and past the longer limit it is gone there too
+    finally:
+        s.stop()
