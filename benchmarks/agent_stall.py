@@ -17,19 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from agent_common import ROOT, free_port, scrape, start_agent, write_json  # noqa: E402
 
 
 def _stalled(body: str) -> list[float]:
@@ -43,24 +36,23 @@ def main(out: str) -> int:
     ev = os.path.join(out, "events.jsonl")
     if os.path.exists(ev):
         os.remove(ev)
-    port = _free_port()
+    port = free_port()
     job = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "workloads", "stall_train.py"),
                             "--scenes", "sleep", "--stall-s", "60", "--first-train-s", "45", "--train-s", "30",
                             "--step-ms", "0", "--events", ev],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(out, "agent.err"), "w") as err:
-        agent = subprocess.Popen([sys.executable, "-m", "gputop", "agent", "--match", "stall_train", "--only-match",
-                                  "--scan", "1", "--prometheus", f"127.0.0.1:{port}", "--duration", "170"],
-                                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    agent = start_agent(port, "stall_train", os.path.join(out, "agent.err"), ["--scan", "1", "--duration", "170"])
+    try:
         reads = []
         t0 = time.monotonic()
         while job.poll() is None and time.monotonic() - t0 < 175:
             time.sleep(1.0)
             try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+                body = scrape(port)
             except OSError:
                 continue
             reads.append((time.monotonic(), _stalled(body)))
+    finally:
         agent.terminate()
         agent.wait()
     job.wait()
@@ -77,8 +69,7 @@ def main(out: str) -> int:
            # every read from the start of the sleep: 1 stalled, 0 not, - no verdict served
            "reads_from_sleep": "".join("-" if not v else str(int(max(v))) for t, v in reads if t >= start),
            "loadavg": os.getloadavg()[0]}
-    with open(os.path.join(out, "agent_stall.json"), "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(out, "agent_stall.json", res)
     print(json.dumps(res))
     return 0
 
