@@ -201,14 +201,15 @@ def parse_kv(data: bytes) -> dict[bytes, int]:
     return out
 
 
-def read_schedstat(pid: int, tid: int) -> tuple[int, int] | None:
-    """(ns on a CPU, ns waiting for one) of a thread, or None."""
+def read_schedstat(pid: int, tid: int) -> tuple[int, int, int] | None:
+    """(ns on a CPU, ns waiting for one, time slices run) of a thread, or None. The slices are
+    -1 where the kernel leaves them out."""
     raw = read_small(f"/proc/{pid}/task/{tid}/schedstat", 128)
     if not raw:
         return None
     parts = raw.split()
     try:
-        return int(parts[0]), int(parts[1])
+        return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else -1
     except (IndexError, ValueError):
         return None
 

@@ -85,6 +85,7 @@ class _Run:
         self.err_file = err_file
         self.t_spawn = t_spawn
         self.rate = 0
+        self.window_s = 0
         self.subprocesses = False
 
     def kill(self) -> float:

@@ -2,8 +2,8 @@
 
 Two samplers run on one thread ("gputop-stacks"), neither pauses the target:
 
-1. **py-spy** (the binary of the py-spy package, gputop/sources/pyspy.py) in short rolling
-   ``record`` windows (2 s by default); each window's speedscope file (full file paths, one
+1. **py-spy** (the binary of the py-spy package, gputop/sources/pyspy.py) in rolling
+   ``record`` windows (2 s for the first 20 s, then 5 s: ``STEADY_WINDOW_S``); each window's speedscope file (full file paths, one
    stack per sample) is folded (gputop/sources/speedscope.py) into one ``stacks`` sample per
    process: de-duplicated stacks with counts, a frame table, and the source text of the
    innermost line of each stack for the rules that need to see ``.item()`` or ``time.sleep(``.
@@ -62,7 +62,20 @@ SOURCE_NAME = SOURCE_STACKS
 # steady-state noise. The saving would be ~30% of py-spy's cost (docs/metrics.md: 4.9 -> 3.4% on
 # the 2-core box), not enough alone for the 2% goal, so accuracy wins.
 DEFAULT_RATE_HZ = 20
-DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole seconds)
+DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole seconds) while warming up
+# After WARM_S of windows, each window is STEADY_WINDOW_S long. py-spy has no streaming mode, so
+# every window is a fresh `py-spy record` whose start-up (attach, read the interpreter's symbols)
+# costs ~20 ms of CPU, what ~45 samples cost (2-core box: 21.7 ms a start, 0.45 ms a sample on a
+# torch CPU job): at 2 s windows and 20 Hz half of py-spy's CPU is start-ups, at 5 s 30%, so
+# py-spy costs 30% less at the same rate and accuracy (benchmarks/cpu_profile.py). What it
+# costs: after the warm-up the stacks of a window arrive up to 5 s after they were sampled, not
+# 2 s, so a change seen only in the stacks (a new wait, a stall of a job without the probe) is
+# named up to 3 s later. The first 20 s keep 2 s windows, so the first look at a job is as quick
+# as before. The windows still fit the processors': the budget's 20 s window holds >= 15 s of
+# stacks, a thread state's 10 s horizon one whole window plus its fold (gputop/agent/job.py:
+# widen_windows' rule, checked by tests/test_stacks_steady.py).
+STEADY_WINDOW_S = 5
+WARM_S = 20.0
 # /proc syscall reads per thread per second. 25, not 50: the wake-ups of this loop were 1.1% of
 # a core on the H200 (benchmarks/cpu_profile.py), and what the rate buys is the GIL share of a
 # thread's *off-CPU* time only (on-CPU and run-queue time are exact, from schedstat), so a thread
@@ -118,13 +131,20 @@ class StackSource(ThreadedSource):
 
     def __init__(self, clock, target, rate_hz: int = DEFAULT_RATE_HZ, window_s: int = DEFAULT_WINDOW_S,
                  kernel_rate_hz: float = DEFAULT_KERNEL_RATE_HZ,
-                 subprocess_every: int = DEFAULT_SUBPROCESS_EVERY, pyspy: str | None = None) -> None:
+                 subprocess_every: int = DEFAULT_SUBPROCESS_EVERY, pyspy: str | None = None,
+                 steady_window_s: int = STEADY_WINDOW_S, warm_s: float = WARM_S) -> None:
         if int(rate_hz) < 1 or int(window_s) < 1 or not kernel_rate_hz > 0:
             raise ValueError("rate_hz, window_s and kernel_rate_hz must be positive")
         self.clock = clock
         self.target = target
         self.rate_hz = int(rate_hz)
-        self.window_s = int(window_s)
+        # The window of the next py-spy run: window_s for warm_s after the first window began,
+        # then steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
+        self.first_window_s = int(window_s)
+        self.steady_window_s = max(self.first_window_s, int(steady_window_s))
+        self.warm_s = float(warm_s)
+        self.window_s = self.first_window_s
+        self._first_spawn: float | None = None
         self._preexec = dies_with_parent(signal.SIGKILL)  # py-spy never outlives gputop
         self.kernel_rate_hz = float(kernel_rate_hz)
         # py-spy's --subprocesses costs ~3x a main-process-only window (it samples every child
@@ -174,7 +194,8 @@ class StackSource(ThreadedSource):
     def describe(self) -> dict:
         return {
             "pyspy": self.pyspy_path, "pyspy_version": _vstr(self.pyspy_version) if self.pyspy_version else None,
-            "rate_hz": self.rate_hz, "window_s": self.window_s, "subprocess_every": self.subprocess_every,
+            "rate_hz": self.rate_hz, "window_s": self.first_window_s, "steady_window_s": self.steady_window_s,
+            "warm_s": self.warm_s, "subprocess_every": self.subprocess_every,
             "kernel_rate_hz": self.kernel_rate_hz, "kernel_arch": platform.machine(),
             "gil_method": "futex wait on the Python runtime's static data (/proc/PID/task/TID/syscall)",
             "nonblocking": True,
@@ -295,10 +316,10 @@ class StackSource(ThreadedSource):
                 pid, status, rusage = run.proc.pid, 0, None
             if pid == 0:
                 mono = time.monotonic()
-                if mono - run.t_spawn > self.window_s + 30:  # hung: give up on it
+                if mono - run.t_spawn > run.window_s + 30:  # hung: give up on it
                     self._kill_run()
                     self._window_failed("py-spy did not finish its window (hung); restarted")
-                elif mono < run.t_spawn + self.window_s:
+                elif mono < run.t_spawn + run.window_s:
                     # It cannot be done before its window is over, only fail: a wait4 every
                     # 0.25 s instead of every tick until then.
                     self._pyspy_poll_at = mono + PYSPY_EARLY_POLL_S
@@ -333,6 +354,11 @@ class StackSource(ThreadedSource):
             self.children_all_windows or self._subprocess_windows * self.subprocess_every <= self.windows)
         if subs:
             self._subprocess_windows += 1
+        mono = time.monotonic()
+        if self._first_spawn is None:
+            self._first_spawn = mono
+        # health says the window now in flight (the stall detector's freshness reads it)
+        self.window_s = self.first_window_s if mono - self._first_spawn < self.warm_s else self.steady_window_s
         cmd = record_command(self.pyspy_path, rate, self.window_s, out_path, self.target.pid, subs)
         err_file = open(err_path, "wb")
         try:
@@ -345,6 +371,7 @@ class StackSource(ThreadedSource):
         self._run = _Run(proc, out_path, err_path, time.monotonic(), err_file)
         self._pyspy_poll_at = self._run.t_spawn + PYSPY_EARLY_POLL_S
         self._run.rate = rate
+        self._run.window_s = self.window_s
         self._run.subprocesses = subs
 
     def _kill_run(self) -> None:
@@ -390,7 +417,7 @@ class StackSource(ThreadedSource):
             except (TypeError, ValueError):
                 pass
         if not dur or dur <= 0:
-            dur = float(self.window_s)
+            dur = float(run.window_s)
         m = _SAMPLES_LINE.search(stderr)
         errors = int(m[2]) if m else None
         behind = [float(x) for x in _BEHIND.findall(stderr)]
@@ -442,7 +469,7 @@ class StackSource(ThreadedSource):
                 "GIL wait unknown: /proc/PID/task/*/syscall not readable (needs ptrace permission)")
         if not self.kernel.arch_known and state == "ok":
             state, message = "degraded", f"GIL wait unknown on {platform.machine()}: syscall table missing"
-        said = (state, message)
+        said = (state, message, self.window_s)   # a longer window is news: stall freshness reads it
         if not self._heartbeat.due(said, mono, force):
             return
         wall = mono

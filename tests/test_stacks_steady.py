@@ -1,0 +1,60 @@
+"""py-spy's windows lengthen after the warm-up (gputop/sources/stacks.py: STEADY_WINDOW_S), on a
+real process with the real py-spy, and the lengthened windows still fit the processors' windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.agent.job import BUDGET_STACKS_S, THREADS_SLACK_S, widen_windows
+from gputop.model import KIND_HEALTH
+from gputop.sources import stacks
+from gputop.sources.stacks import KIND_STACKS, StackSource
+from gputop.sources.target import Target
+from gputop.verdicts import default_processors
+
+from stacks_helpers import Clock, Proc, wait_for, workload
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_windows_lengthen_after_the_warm_up_and_health_says_so():
+    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    try:
+        p.first()
+        src = StackSource(Clock(), Target(p.pid), rate_hz=20, window_s=1, steady_window_s=3, warm_s=3.0)
+        got: list = []
+        src.start(got.append)
+        try:
+            assert wait_for(lambda: sum(s.kind == KIND_STACKS and s.data["dur_s"] > 2.2 for s in got) >= 2, 30)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    durs = [s.data["dur_s"] for s in got if s.kind == KIND_STACKS]
+    first_long = next(i for i, d in enumerate(durs) if d > 2.2)
+    # the warm-up's windows are short (3 s of 1 s windows), then every window is the steady one
+    assert first_long >= 2 and all(d < 1.6 for d in durs[:first_long]), durs
+    assert all(2.2 < d < 3.6 for d in durs[first_long:]), durs
+    said = [s.data["window_s"] for s in got if s.kind == KIND_HEALTH and s.key == "stacks"
+            and s.data.get("window_s") is not None]
+    assert said[0] == 1 and said[-1] == 3, "health says the window in flight (the stall detector reads it)"
+    assert src.describe()["window_s"] == 1 and src.describe()["steady_window_s"] == 3
+
+
+def test_a_longer_first_window_is_never_shortened():
+    """The agent's 20 s windows stay 20 s: the steady window is the longer of the two."""
+    src = StackSource(Clock(), Target(1), window_s=20)
+    assert src.steady_window_s == 20 and src.first_window_s == 20
+
+
+def test_the_steady_window_fits_the_interactive_processors():
+    """The budget's window holds >= BUDGET_STACKS_S of stacks and a thread state's horizon one
+    whole window and its fold at the steady window too: the agent's rule (widen_windows) changes
+    none of the UI's processors."""
+    for p in default_processors():
+        before = (getattr(p, "window_s", None), getattr(p, "horizon_s", None))
+        widen_windows(p, stacks.STEADY_WINDOW_S, p.interval_s)
+        assert (getattr(p, "window_s", None), getattr(p, "horizon_s", None)) == before, p.name
+    names = {p.name for p in default_processors()}
+    assert {"budget", "threads"} <= names
+    assert stacks.STEADY_WINDOW_S + BUDGET_STACKS_S <= 20 and stacks.STEADY_WINDOW_S + THREADS_SLACK_S <= 10
