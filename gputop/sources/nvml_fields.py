@@ -10,6 +10,12 @@ from __future__ import annotations
 from gputop.catalogue import KIND_GPU, KIND_GPU_PROCS, MetricSpec, dcgm_same
 
 ENERGY_EVERY_S = 5.0   # how often the NVML slow loop reads the total energy counter (nvml_gpu.py)
+# How often the slow loop reads the target's per-process SM % (nvmlDeviceGetProcessUtilization:
+# ~2 ms of CPU a call on the H200, 0.2% of a core at 1 Hz; benchmarks/results/h200-run1/
+# nvml_check.json). The driver keeps the samples, and each read asks for those since the newest
+# one seen, so a read every 5 s averages the same samples that five reads would; the gpu_procs
+# samples in between repeat the last value (the UI and /metrics show the latest).
+PROC_SM_EVERY_S = 5.0
 # How often the fast loop takes a GPM snapshot (gpm.py; the cheap counters stay at the loop's
 # ~10 Hz). nvmlGpmMetricsGet costs ~0.9-1.5 ms a call against ~2-9 us for each cheap call: at
 # every >= 100 ms it was 1.7% of a core on the H200, most of the NVML source's cost. A GPM value

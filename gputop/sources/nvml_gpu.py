@@ -62,6 +62,8 @@ class _Gpu:
         self.energy_pending: float | None = None   # J, from the slow loop (one fast sample carries it)
         self.energy_next_at = 0.0                  # monotonic time of the next energy reading
         self.proc_util_ts = 0
+        self.proc_sm: tuple[dict[int, float], str | None] = ({}, None)  # the last per-process SM % read
+        self.proc_sm_next_at = 0.0                 # monotonic time of the next read
         self.lost = False
         self.watched = False
         self.chosen_by = "all"

@@ -1,6 +1,6 @@
 """The NVML source's slow loop (``slow_interval_s``, ~1 Hz; ``SlowLoop``, mixed into
-``NvmlSource``): the processes on each GPU (which GPUs the target uses, their GPU memory and
-SM %), the power limit, and, on GPUs without GPM only, ``nvmlDeviceGetPcieThroughput``, which
+``NvmlSource``): the processes on each GPU (which GPUs the target uses, their GPU memory and,
+every ``PROC_SM_EVERY_S``, SM %), the power limit, and, on GPUs without GPM only, ``nvmlDeviceGetPcieThroughput``, which
 blocks ~20 ms per call and so never runs in the fast loop."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 from gputop.model import KIND_GPU_PROCS, clean_float
 from gputop.sources.nvml_errors import _code, _err_code, _is_too_old, nv, nvml_reason
-from gputop.sources.nvml_fields import MIB, PCIE_FIELDS
+from gputop.sources.nvml_fields import MIB, PCIE_FIELDS, PROC_SM_EVERY_S
 from gputop.sources.nvml_gpu import _Gpu
 
 
@@ -62,10 +62,19 @@ class SlowLoop:
                           nv.nvmlDeviceGetComputeRunningProcesses_v2)
 
     def _proc_sm(self, gpu: _Gpu) -> tuple[dict[int, float], str | None]:
-        """Per-process SM % since the last read (time-based, like util_gpu), and why it is empty."""
+        """Per-process SM % (time-based, like util_gpu) over the samples since the last read,
+        and why it is empty; read every PROC_SM_EVERY_S, the last reading in between."""
+        now = time.monotonic()
+        if now < gpu.proc_sm_next_at:
+            return gpu.proc_sm
+        gpu.proc_sm_next_at = now + PROC_SM_EVERY_S
+        gpu.proc_sm = self._read_proc_sm(gpu)
+        return gpu.proc_sm
+
+    def _read_proc_sm(self, gpu: _Gpu) -> tuple[dict[int, float], str | None]:
         if "proc_sm_pct" in gpu.na:
             return {}, gpu.na["proc_sm_pct"]
-        since = gpu.proc_util_ts or int((time.time() - self.slow_interval_s) * 1e6)
+        since = gpu.proc_util_ts or int((time.time() - PROC_SM_EVERY_S) * 1e6)
         try:
             samples = self._call("nvmlDeviceGetProcessUtilization", nv.nvmlDeviceGetProcessUtilization,
                                  gpu.handle, since)
