@@ -257,7 +257,9 @@ class BudgetProcessor:
     def session_data(self, now: float) -> dict:
         return {"phases": {p: b.to_data() for p, b in self.session.items()},
                 "startup": self.tracker.startup(now), "startup_text": self.tracker.describe_startup(now),
-                "changes": _bounded(self.tracker.changes)}
+                # [t, phase] lists, as a recording gives them back: a tuple would make the
+                # recorder decode its chunk again to summarize it (encode_chunk_series)
+                "changes": [[t, p] for t, p in _bounded(self.tracker.changes)]}
 
 
 def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:
