@@ -55,13 +55,13 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
 
     from gputop.session.recording import Recorder, RecordingError, RecordingWriter
     from gputop.session.session import LiveSession, SessionClock, base_meta
-    from gputop.sources.host import HostSource
+    from gputop.sources.host import DEFAULT_INTERVAL_S as HOST_INTERVAL_S, HostSource
     from gputop.sources.nvml import NvmlSource
 
     clock = SessionClock()
     sources = [
         NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval),
-        HostSource(clock, target, interval_s=max(0.5, a.interval)),
+        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval)),
     ]
     sources += _optional_sources(clock, target, a)
     processors = _processors()

@@ -34,7 +34,7 @@ from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
 from gputop.catalogue import KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_THREAD_STATE
 
-FRESH_S = {KIND_GPU: 3.0, KIND_GPU_PROCS: 5.0, KIND_PROBE_STEP: 5.0, KIND_THREAD_STATE: 12.0, KIND_PROC: 3.0}
+FRESH_S = {KIND_GPU: 3.0, KIND_GPU_PROCS: 5.0, KIND_PROBE_STEP: 5.0, KIND_THREAD_STATE: 12.0, KIND_PROC: 4.0}
 THREAD_FIELDS = ("running_pct", "gil_pct", "data_pct", "cuda_pct", "collective_pct", "idle_pct", "cpu_wait_pct",
                  "unknown_pct")
 

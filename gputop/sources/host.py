@@ -1,6 +1,6 @@
 """The host source: the target's process tree, its main process's threads, and the host.
 
-Every tick (2 Hz by default, jittered) it publishes:
+Every tick (1 Hz by default, ``DEFAULT_INTERVAL_S``, jittered) it publishes:
 
 - ``system``/"host": host-wide CPU, load, memory, swap rates, and the target's cgroup (CPU
   limit, CFS throttling, memory limit and use);
@@ -51,6 +51,11 @@ from gputop.sources.ranks import RankFinder
 from gputop.sources.cgroups import Cgroup  # noqa: F401 (re-exported)
 from gputop.sources.system import SystemSampler
 
+# 1 s: what the host gives is counters (CPU, run queue, faults, swap, I/O: a rate over any span
+# is exact, so means over the verdicts' 10 s windows lose nothing) and slow levels (memory), and
+# the UI redraws once a second; at 0.5 s the source was 0.4% of a core on the H200 against a
+# torch job's 35 threads (benchmarks/cpu_profile.py). The agent reads it every 2 s.
+DEFAULT_INTERVAL_S = 1.0
 MAX_THREAD_ROWS = 256        # more threads than this in the main process: the busiest are shown
 REFRESH_IDLE_TICKS = 4       # a thread that did not run: re-read its name and state every N ticks
 COST_WARN_PCT = 5.0          # own sampling CPU above this (% of one core): health says so
@@ -197,7 +202,7 @@ class HostSource(ThreadedSource):
     name = "host"
     thread_name = "gputop-host"
 
-    def __init__(self, clock, target, interval_s: float = 0.5) -> None:
+    def __init__(self, clock, target, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, not {interval_s}")
         self.clock = clock
