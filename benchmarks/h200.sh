@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost monitors fixtures scenarios captures stacks launchcost probe ranks export real
+# Phases: env nvml host cost monitors profile fixtures scenarios captures stacks launchcost probe ranks export real
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -60,13 +60,20 @@ phase_cost() {
 
 phase_monitors() {
   # issue 14: nvitop (default, --interval 0.25), gputop headless and the UI (120x40 ptys) side by
-  # side against the GPU-bound loop, three rounds; then the headless cost by component
+  # side against the GPU-bound loop, three rounds, each monitor measured from 24 s after its start:
+  # in steady state, past the stack source's 20 s of short py-spy windows (WARM_S)
   local d=$RES/monitors; mkdir -p "$d"
-  timeout 450 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations 3 \
-      --monitors nvitop,nvitop_fast,headless,ui --settle 4 --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
+  timeout 540 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations "${ALTS:-3}" \
+      --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-24}" --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
   tail -7 "$d/monitors.txt" | tee -a "$SUMMARY"
-  timeout 150 $PY benchmarks/cpu_profile.py "$d" --scenario gpu_bound --seconds 30 --label headless-gpu_bound \
-      > "$d/cpu_profile.txt" 2>&1
+  rm -f "$d"/*.gtrec
+}
+
+phase_profile() {
+  # issue 14: the headless cost by thread and component, in steady state (after 25 s)
+  local d=$RES/profile; mkdir -p "$d"
+  timeout 150 $PY benchmarks/cpu_profile.py "$d" --scenario gpu_bound --seconds 30 --warmup 25 \
+      --label headless-gpu_bound > "$d/cpu_profile.txt" 2>&1
   head -30 "$d/cpu_profile.txt" | tee -a "$SUMMARY"
   rm -f "$d"/*.gtrec
 }
