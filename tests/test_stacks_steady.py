@@ -58,3 +58,41 @@ def test_the_steady_window_fits_the_interactive_processors():
     names = {p.name for p in default_processors()}
     assert {"budget", "threads"} <= names
     assert stacks.STEADY_WINDOW_S + BUDGET_STACKS_S <= 20 and stacks.STEADY_WINDOW_S + THREADS_SLACK_S <= 10
+
+
+def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
+    """DataLoader workers are sampled in a first-length window every subprocess_every such
+    windows' time, however long the main process's windows have grown: the thread states'
+    horizon always holds one of theirs."""
+    code = ("import ctypes, multiprocessing as mp, os, time, json\n"
+            "def work():\n    ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
+            "    while True: sum(range(1000))\n"
+            "if __name__ == '__main__':\n"
+            "    c = mp.get_context('fork').Process(target=work, daemon=True); c.start()\n"
+            "    print(json.dumps({'pid': os.getpid(), 'child': c.pid}), flush=True)\n"
+            "    while True: time.sleep(0.1)\n")
+    p = Proc(["-c", code])
+    try:
+        child = p.first()["child"]
+        src = StackSource(Clock(), Target(p.pid), rate_hz=20, window_s=1, steady_window_s=3, warm_s=2.0,
+                          subprocess_every=3)
+        got: list = []
+        src.start(got.append)
+        try:
+            assert wait_for(lambda: sum(s.kind == KIND_STACKS and s.key == str(p.pid) and s.data["dur_s"] > 2.2
+                                        for s in got) >= 3, 40)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    main = [s for s in got if s.kind == KIND_STACKS and s.key == str(p.pid)]
+    first_long = next(i for i, s in enumerate(main) if s.data["dur_s"] > 2.2)
+    after = main[first_long:]
+    subs = [s for s in after if s.data["subprocesses"]]
+    assert subs and all(s.data["dur_s"] < 1.6 for s in subs), "children's windows stay short"
+    assert all(s.data["dur_s"] > 2.2 for s in after if not s.data["subprocesses"]), "the rest are steady ones"
+    child_t = [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child)]
+    later = [t for t in child_t if t >= after[0].t - 1.0]
+    # one every ~3 s of first-length windows, a steady window (3 s) in flight at most between
+    gaps = [b - a for a, b in zip(later, later[1:])]
+    assert later and all(g <= 3 + 3 + 1.5 for g in gaps), (child_t, gaps)

@@ -34,6 +34,11 @@ WINDOW_S = 20.0          # long enough to see a stall that comes back every few 
 MIN_WINDOW_S = 2.0       # a phase younger than this is judged over its first seconds anyway
 PHASE_EVERY_S = 10.0
 SESSION_EVERY_S = 5.0
+# How many moments the phase tracker judges at once (derive/phases.py: its shares of a window's
+# moments and its count of quiet windows were set on windows of ~40 moments: the UI's first 2 s
+# windows at 20 Hz, the agent's 20 s ones at 2 Hz). The UI's steady 5 s windows (~100 moments)
+# are judged as two halves, so a 1 s checkpoint still fills the 25% it did of a 2 s window.
+PHASE_SPAN_MOMENTS = 40
 _GPU_ONLY = Naming(UNKNOWN, None, None, "unknown", None)
 
 
@@ -155,22 +160,39 @@ class BudgetProcessor:
         return changed
 
     def _settle_window(self, store, now: float, pid: str, gpus: list[str], s, probe) -> bool:
-        """One final py-spy window: its phase, and its moments into the session budget."""
-        changed = False
+        """One final py-spy window: its phase, and its moments into the session budget. A window
+        of PHASE_SPAN_MOMENTS moments or more is judged as spans of about that many (the stack
+        source's steady 5 s windows as two halves)."""
         dur = s.get("dur_s")
         dur = float(dur) if type(dur) in (int, float) and 0 < dur < 600 else 2.0
         ms, _src = self.builder.moments(store, pid, s.t - dur - 0.5, now, gpus)
         ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
-        t0 = ms[0].t - ms[0].dt / 2 if ms else s.t
+        return self._judge_moments(ms, s.t, probe)
+
+    def _judge_moments(self, ms: list[Moment], t_end: float, probe) -> bool:
+        changed = False
+        t0 = ms[0].t - ms[0].dt / 2 if ms else t_end
+        n_spans = max(1, len(ms) // PHASE_SPAN_MOMENTS)
+        cuts = [len(ms) * k // n_spans for k in range(n_spans + 1)]
+        edges = [t0] + [ms[c].t - ms[c].dt / 2 for c in cuts[1:-1]] + [t_end]
+        for k in range(n_spans):
+            a, b = edges[k], edges[k + 1]
+            last = k == n_spans - 1
+            span = ms[cuts[k]:cuts[k + 1]] if n_spans > 1 else ms
+            # the probe's windows near the span (its ends: 0.5 s of slack, as for a whole window)
+            lo, hi = (a - 0.5 if k == 0 else a), (t_end + 0.5 if last else b)
+            steps = sum(p.get("step_n") for p in probe
+                        if (lo <= p.t <= hi if k == 0 else lo < p.t <= hi) and type(p.get("step_n")) is int)
+            changed = self._judge_span(span, a, b, steps) or changed
+        return changed
+
+    def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int) -> bool:
         hints = Counter(m.naming.hint for m in ms if m.naming.hint)
-        steps = sum(p.get("step_n") for p in probe
-                    if t0 - 0.5 <= p.t <= s.t + 0.5 and type(p.get("step_n")) is int)
         before = self.tracker.phase
-        # training starts at its first backward/optimizer moment, not at the window's start
+        # training starts at its first backward/optimizer moment, not at the span's start
         first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
-        if self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, s.t, hints, len(ms),
-                               ms[0].dt if ms else 0.0, steps):
-            changed = True
+        changed = bool(self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, t1, hints, len(ms),
+                                           ms[0].dt if ms else 0.0, steps))
         phase = self.tracker.phase or ph.STARTUP
         for m in ms:
             p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase

@@ -148,8 +148,12 @@ class StackSource(ThreadedSource):
         self._preexec = dies_with_parent(signal.SIGKILL)  # py-spy never outlives gputop
         self.kernel_rate_hz = float(kernel_rate_hz)
         # py-spy's --subprocesses costs ~3x a main-process-only window (it samples every child
-        # at the full rate and scans /proc for new ones): children get every Nth window only.
+        # at the full rate and scans /proc for new ones): children get one first-length window
+        # (2 s) every subprocess_every first-length windows' time (10 s; the agent: 20 s every
+        # 400 s), whatever length the main process's windows have grown to: the thread states'
+        # 10 s horizon then always holds one of the workers' windows.
         self.subprocess_every = max(0, int(subprocess_every))
+        self._subs_at: float | None = None    # monotonic start of the last children's window
         self.has_children = False
         self.children_all_windows = False
         self.pyspy_path = pyspy
@@ -163,7 +167,6 @@ class StackSource(ThreadedSource):
         self._next_spawn = 0.0
         self._pyspy_poll_at = 0.0             # the loop looks at py-spy again at this monotonic time
         self._failures = 0
-        self._subprocess_windows = 0
         # What health says (all read by benchmarks/stacks_overhead.py too).
         self.pyspy_state = "off"              # ok | degraded | failed | off
         self.pyspy_message = "starting"
@@ -350,15 +353,17 @@ class StackSource(ThreadedSource):
         # phase each window) keeps it from locking onto a training step of the same period.
         spread = max(1, round(self.rate_hz * 0.1))
         rate = max(1, self.rate_hz + self._rng.randint(-spread, spread))
-        subs = self.has_children and self.subprocess_every > 0 and (
-            self.children_all_windows or self._subprocess_windows * self.subprocess_every <= self.windows)
-        if subs:
-            self._subprocess_windows += 1
         mono = time.monotonic()
         if self._first_spawn is None:
             self._first_spawn = mono
+        subs_every_s = self.subprocess_every * self.first_window_s
+        subs = self.has_children and self.subprocess_every > 0 and (
+            self.children_all_windows or self._subs_at is None or mono - self._subs_at >= subs_every_s - 0.5)
+        if subs:
+            self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
-        self.window_s = self.first_window_s if mono - self._first_spawn < self.warm_s else self.steady_window_s
+        steady = mono - self._first_spawn >= self.warm_s and not (subs and not self.children_all_windows)
+        self.window_s = self.steady_window_s if steady else self.first_window_s
         cmd = record_command(self.pyspy_path, rate, self.window_s, out_path, self.target.pid, subs)
         err_file = open(err_path, "wb")
         try:

@@ -1,0 +1,83 @@
+"""A long py-spy window (the stack source's steady 5 s ones, the agent's 20 s) is judged by the
+phase tracker in spans of ~PHASE_SPAN_MOMENTS moments, as the 2 s windows its shares were set
+on: on the real moments of an H200 loop that checkpoints (torch.save) every few seconds."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from gputop.derive import budget_processor as bp
+from gputop.derive import frame_rules as fr
+from gputop.derive import phases as ph
+from gputop.derive.budget_processor import BudgetProcessor, judged_process
+from gputop.derive.moments import MomentBuilder
+from gputop.session.replay import ReplaySession
+
+REAL = pathlib.Path(__file__).resolve().parent / "data" / "h200" / "real"
+
+
+@pytest.fixture(scope="module")
+def moments():
+    s = ReplaySession(str(REAL / "checkpoint_stall-pid.gtrec"), processors=[], start_playing=False, seek_window_s=0.0)
+    try:
+        s.play_to(s.t_end)
+        pid, _ = judged_process(s.store, s.t_end)
+        ms, _ = MomentBuilder().moments(s.store, pid, s.t_start, s.t_end, ["0"])
+    finally:
+        s.stop()
+    return ms
+
+
+def _seconds_by_phase(proc: BudgetProcessor) -> dict[str, float]:
+    return {p: round(b.total_s, 6) for p, b in proc.session.items()}
+
+
+# the start-up ends (training frames) at moment 174; the first checkpoint holds moments 246-292,
+# the second starts at 379: the stretch holds one checkpoint and training around it
+START, END = 180, 379
+
+
+def _judged(ms, windows_of: int) -> BudgetProcessor:
+    """The moments before the stretch as 40-moment windows (2 s at 20 Hz), then the stretch in
+    windows of ``windows_of`` moments."""
+    proc = BudgetProcessor()
+    for i in range(0, START, 40):
+        w = ms[i:min(i + 40, START)]
+        proc._judge_moments(w, w[-1].t + w[-1].dt / 2, [])
+    assert proc.tracker.phase in ph.JUDGED, "training by then"
+    for i in range(START, END, windows_of):
+        w = ms[i:min(i + windows_of, END)]
+        proc._judge_moments(w, w[-1].t + w[-1].dt / 2, [])
+    return proc
+
+
+def test_a_long_window_holding_one_checkpoint_is_judged_like_2s_windows(moments, monkeypatch):
+    stretch = moments[START:END]
+    ckpt = sum(m.naming.hint == fr.CHECKPOINT for m in stretch)
+    # one real checkpoint (~2.3 s), under 25% of the whole stretch (a ~10 s window at 20 Hz)
+    assert 40 <= ckpt < ph.CHECKPOINT_SHARE * len(stretch)
+    short = _judged(moments, 40)     # as 2 s windows
+    long = _judged(moments, END - START)     # as one ~10 s window: judged in spans of ~50
+    for proc in (short, long):
+        assert ph.CHECKPOINTING in proc.session
+        assert proc.tracker.phase == ph.TRAINING   # training again after it
+    got, want = _seconds_by_phase(long), _seconds_by_phase(short)
+    assert set(got) == set(want)
+    # the same checkpoint, to within the spans' coarser edges (a 2 s window's worth)
+    assert abs(got[ph.CHECKPOINTING] - want[ph.CHECKPOINTING]) <= 2.0, (got, want)
+    # judged whole, as before the spans, the checkpoint vanished into training
+    monkeypatch.setattr(bp, "PHASE_SPAN_MOMENTS", 10 ** 6)
+    whole = _judged(moments, END - START)
+    assert ph.CHECKPOINTING not in whole.session
+
+
+def test_a_window_of_about_40_moments_is_one_span(moments):
+    """The UI's first 2 s windows and the agent's 20 s ones (~40 moments) are judged whole."""
+    proc = BudgetProcessor()
+    calls = []
+    proc._judge_span = lambda ms, t0, t1, steps: calls.append(len(ms)) or False
+    proc._judge_moments(moments[:79], moments[78].t, [])
+    proc._judge_moments(moments[100:180], moments[179].t, [])
+    assert calls == [79, 40, 40]
