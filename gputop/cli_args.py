@@ -171,7 +171,7 @@ def _add_attach_options(p: argparse.ArgumentParser) -> None:
                         "(all until it uses one)")
     g.add_argument("--interval", type=float, default=0.1, metavar="S",
                    help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} "
-                        "(default 0.1); host sampling runs at max(0.5, S)")
+                        "(default 0.1); host sampling runs at max(1, S)")
     g.add_argument("--record", metavar="FILE",
                    help="record the session to FILE, a new .gtrec file (created 0600)")
     g.add_argument("--headless", action="store_true",

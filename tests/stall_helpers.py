@@ -57,7 +57,12 @@ def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0, probe:
         clock = SessionClock()
         target = Target(proc.pid)
         snapshot = StallSnapshotSource(clock)
-        sources = [HostSource(clock, target), StackSource(clock, target), NvmlSource(clock, target),
+        # These tests time the detector with 2-4 s floors against the stack source's 2 s windows
+        # and a 2 Hz host (its exit notice must beat a 2 s floor): the scenes run past the
+        # source's 20 s warm-up, after which it would use 5 s windows (a stop is then named and
+        # cleared up to 3 s later: docs/verdicts.md), and the host's default is 1 Hz.
+        sources = [HostSource(clock, target, interval_s=0.5), StackSource(clock, target, steady_window_s=2),
+                   NvmlSource(clock, target),
                    ProbeClientSource(clock, target, scan_interval_s=0.5), snapshot]
         meta = base_meta(clock, ["tests/stall"])
         meta["target"] = target.describe()

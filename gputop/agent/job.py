@@ -2,7 +2,7 @@
 
 The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
 (benchmarks/agent_cost.py, which prints the parts): GPU counters at 1 Hz (UI: 10 Hz), the host
-every 2 s (0.5 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s, then 5 s), children in every 20th
+every 2 s (1 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s, then 5 s), children in every 20th
 window only (5th), the kernel's wait sampler at 5 Hz per thread (25 Hz), the time budget, the
 stall detector and the verdicts every 4 s (1 s), thread states every 4 s (2 s), new probes
 looked for every 3 s (1 s).
@@ -142,7 +142,10 @@ class Job:
             p.interval_s = rates.thread_states_every_s if p.name == "threads" else max(p.interval_s,
                                                                                          rates.derive_every_s)
             if rates.stacks:
-                widen_windows(p, rates.stack_window_s, rates.derive_every_s)
+                # (a --stack-window under the source's steady window grows to it after the warm-up)
+                from gputop.sources.stacks import STEADY_WINDOW_S
+
+                widen_windows(p, max(rates.stack_window_s, STEADY_WINDOW_S), rates.derive_every_s)
         self.session = LiveSession(sources, clock, meta, processors=processors)
         # how often the derived series are refreshed: the exporter serves them that much longer
         self.derive_every_s = max(rates.derive_every_s, rates.thread_states_every_s)

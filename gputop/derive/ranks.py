@@ -19,7 +19,7 @@ running before exited. Every value is None where it is not known; nothing is a s
 | cpu_pct | ``proc``: the whole process's CPU (100 = one core) |
 
 A running rank's values must be fresh (``FRESH_S``: GPU 3 s, probe 5 s, thread states 12 s,
-process 3 s, measured back from ``now``); an exited rank's are its last ones before it ended.
+process 4 s, measured back from ``now``); an exited rank's are its last ones before it ended.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class StallDetector:
 
 
 def _window_s(store) -> float:
-    """How long a py-spy window takes: the stacks source's configured window (its health says;
+    """How long a py-spy window takes: the stacks source's window in flight (its health says;
     a window's own ``dur_s`` is the span it sampled, shorter when py-spy fell behind), 2 s for a
     recording without it. Its samples arrive when it ends, so the newest of them is up to that
     much older than the window's end, and the next window ends about that much later."""

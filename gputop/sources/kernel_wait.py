@@ -208,6 +208,7 @@ class KernelSampler:
                         continue
                     th.skip = PARK_CHECK_TICKS
                 if th.fd is None:
+                    th.parked = -1   # (its syscall file was closed: no way to see a wait change)
                     raw = read_small(f"/proc/{proc.pid}/task/{th.tid}/stat", 256)
                     if raw is None:
                         th.gone = True

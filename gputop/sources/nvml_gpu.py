@@ -64,6 +64,7 @@ class _Gpu:
         self.proc_util_ts = 0
         self.proc_sm: tuple[dict[int, float], str | None] = ({}, None)  # the last per-process SM % read
         self.proc_sm_next_at = 0.0                 # monotonic time of the next read
+        self.proc_sm_pids: frozenset[int] = frozenset()  # the tree's processes it was read for
         self.lost = False
         self.watched = False
         self.chosen_by = "all"

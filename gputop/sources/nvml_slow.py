@@ -61,13 +61,15 @@ class SlowLoop:
         return self._read(gpu, ("proc_mem",), "nvmlDeviceGetComputeRunningProcesses_v2",
                           nv.nvmlDeviceGetComputeRunningProcesses_v2)
 
-    def _proc_sm(self, gpu: _Gpu) -> tuple[dict[int, float], str | None]:
+    def _proc_sm(self, gpu: _Gpu, pids: frozenset[int]) -> tuple[dict[int, float], str | None]:
         """Per-process SM % (time-based, like util_gpu) over the samples since the last read,
-        and why it is empty; read every PROC_SM_EVERY_S, the last reading in between."""
+        and why it is empty; read every PROC_SM_EVERY_S, the last reading in between, and at
+        once when the tree's processes on the GPU (``pids``) changed."""
         now = time.monotonic()
-        if now < gpu.proc_sm_next_at:
+        if now < gpu.proc_sm_next_at and pids == gpu.proc_sm_pids:
             return gpu.proc_sm
         gpu.proc_sm_next_at = now + PROC_SM_EVERY_S
+        gpu.proc_sm_pids = pids
         gpu.proc_sm = self._read_proc_sm(gpu)
         return gpu.proc_sm
 
@@ -125,7 +127,7 @@ class SlowLoop:
             if not gpu.watched and gpu not in newly:
                 continue
             self._read_power_limit(gpu)
-            sm, sm_na = self._proc_sm(gpu) if mine else ({}, None)
+            sm, sm_na = self._proc_sm(gpu, frozenset(mine)) if mine else ({}, None)
             data = {"procs": {str(pid): {"mem": mem, "sm_pct": sm.get(pid)} for pid, mem in sorted(mine.items())},
                     "other_count": other_count, "other_mem": other_mem,
                     "sm_na": sm_na}

@@ -3,7 +3,8 @@ its complaints mean for the user.
 
 py-spy has no streaming output and no Python API, and ``dump --json`` costs ~15 ms of CPU a
 call, so the stack source runs a fresh ``py-spy record --nonblocking --idle --threads
-[--subprocesses] -f speedscope -r RATE -d WINDOW`` for each window (2 s by default). A window's
+[--subprocesses] -f speedscope -r RATE -d WINDOW`` for each window (2 s for the first 20 s,
+then 5 s: stacks.py). A window's
 py-spy exits by itself at its end, so a py-spy child never outlives gputop by more than one
 window (and it gets SIGKILL if gputop's thread dies: ``target.dies_with_parent``).
 """

@@ -8,7 +8,7 @@ from gputop.ui import fmt
 from gputop.ui.snapshot import Snapshot
 
 ROLE_WORDS = {"main": "main", "dataloader_worker": "loader", "child": "child"}
-GONE_AFTER_S = 3.0      # no proc sample for this long: the process is gone (or the source stopped)
+GONE_AFTER_S = 4.0      # no proc sample for this long: the process is gone (the host source's 1 Hz gaps reach 3 s)
 FORGET_AFTER_S = 60.0   # gone processes stay listed this long, then drop out (the main one stays)
 
 

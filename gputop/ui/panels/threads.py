@@ -9,7 +9,7 @@ from gputop.ui.snapshot import Snapshot
 
 register_view("threads", "Threads", order=40)
 
-GONE_AFTER_S = 3.0
+GONE_AFTER_S = 4.0   # no thread sample for this long: gone (the host's 1 Hz gaps reach 3 s)
 FORGET_AFTER_S = 60.0
 
 
