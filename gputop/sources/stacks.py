@@ -67,7 +67,8 @@ DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole secon
 # every window is a fresh `py-spy record` whose start-up (attach, read the interpreter's symbols)
 # costs ~20 ms of CPU, what ~45 samples cost (2-core box: 21.7 ms a start, 0.45 ms a sample on a
 # torch CPU job): at 2 s windows and 20 Hz half of py-spy's CPU is start-ups, at 5 s 30%, so
-# py-spy costs 30% less at the same rate and accuracy (benchmarks/cpu_profile.py). What it
+# py-spy costs a third less at the same rate and accuracy (H200: 1.73 -> 1.33% of a core,
+# docs/benchmarks.md "H200 run 9"). What it
 # costs: after the warm-up the stacks of a window arrive up to 5 s after they were sampled, not
 # 2 s, so a change seen only in the stacks (a new wait, a stall of a job without the probe) is
 # named up to 3 s later. The first 20 s keep 2 s windows, so the first look at a job is as quick
