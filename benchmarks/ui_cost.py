@@ -48,6 +48,7 @@ import psutil
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPY_HZ = 250  # py-spy's rate on gputop with --profile: enough samples of a UI that costs ~1%
 SETTLE_S = 3.0  # after gputop is up: the first py-spy attach, the first verdicts (one-off costs)
+# (--settle 24 measures the steady state: past the stack source's 20 s of 2 s py-spy windows)
 UP_TIMEOUT_S = 90.0
 FIRST_SCREEN_BYTES = 4000  # the UI's first paint of a 120x40 screen is larger than its set-up codes
 
@@ -140,9 +141,9 @@ class PtyChild:
 
 
 def measure(argv: list[str], seconds: float, ui: bool, cols: int, rows: int, on_steady=None,
-            root_dir: pathlib.Path = ROOT, mode: str | None = None) -> dict:
+            root_dir: pathlib.Path = ROOT, mode: str | None = None, settle: float = SETTLE_S) -> dict:
     """One window: start gputop, wait until it is up (the UI painted its first screen; headless
-    said what it records) and SETTLE_S more, then measure ``seconds``."""
+    said what it records) and ``settle`` s more, then measure ``seconds``."""
     env = dict(os.environ, TERM="xterm-256color", COLORTERM="truecolor", PYTHONPATH=str(root_dir))
     env.pop("NO_COLOR", None)
     t0 = time.monotonic()
@@ -165,7 +166,7 @@ def measure(argv: list[str], seconds: float, ui: bool, cols: int, rows: int, on_
     if not up.wait(UP_TIMEOUT_S):
         raise SystemExit(f"ui_cost: gputop was not up after {UP_TIMEOUT_S:g} s: {' '.join(argv)}")
     started_s = time.monotonic() - t0
-    time.sleep(SETTLE_S)
+    time.sleep(settle)
     hook = on_steady(pid) if on_steady is not None else None
     w0, c0, m0 = time.monotonic(), tree_cpu_seconds(root, seen), main_thread_cpu(root)
     while time.monotonic() < w0 + seconds:
@@ -289,6 +290,7 @@ def main() -> int:
     ap.add_argument("outdir")
     ap.add_argument("--seconds", type=float, default=30.0, help="steady seconds measured per window")
     ap.add_argument("--size", default="120x40")
+    ap.add_argument("--settle", type=float, default=SETTLE_S, help="seconds after gputop is up before a window")
     ap.add_argument("--alternations", type=int, default=2)
     ap.add_argument("--gputop-args", default="", help="extra arguments for both modes")
     ap.add_argument("--profile", action="store_true")
@@ -317,16 +319,16 @@ def main() -> int:
                 rec = os.path.join(a.outdir, f"headless-{i}.gtrec")
                 if os.path.exists(rec):
                     os.remove(rec)
-                windows.append(measure([*base, "--headless", "--duration", str(a.seconds + 30), "--record", rec],
-                                       a.seconds, False, cols, rows))
+                windows.append(measure([*base, "--headless", "--duration", str(a.seconds + a.settle + 30),
+                                        "--record", rec], a.seconds, False, cols, rows, settle=a.settle))
                 print(f"  headless {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
                       f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
             if a.before:
                 windows.append(measure(base, a.seconds, True, cols, rows, root_dir=pathlib.Path(a.before),
-                                       mode="ui-before"))
+                                       mode="ui-before", settle=a.settle))
                 print(f"  ui-before {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
                       f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
-            windows.append(measure(base, a.seconds, True, cols, rows))
+            windows.append(measure(base, a.seconds, True, cols, rows, settle=a.settle))
             print(f"  ui       {i}: {windows[-1]['cpu_pct_of_core']:.2f}% of one core "
                   f"(main thread {windows[-1]['main_thread_pct']:.2f}%)", flush=True)
         prof = profile_window(base, a.seconds, cols, rows, a.outdir) if a.profile else None
