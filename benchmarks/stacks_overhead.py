@@ -298,7 +298,7 @@ def main() -> int:
     except ImportError:
         cuda = False
     results = {"args": vars(a), "cpus": os.cpu_count(), "python": sys.version.split()[0], "slowdown": [], "matrix": []}
-    lines = [f"Stack source at rate {a.rate} Hz, {a.window} s windows, children every {a.subprocess_every}th window; "
+    lines = [f"Stack source at rate {a.rate} Hz, {a.window} s windows, children every {a.subprocess_every} windows' time; "
              + (f"twin targets on CPUs {a.pin}, each watched {a.pairs} times for {a.phase:.0f} s in turn"
               if a.twin else f"{a.pairs} attached phases of {a.phase:.0f} s between detached ones")
              + f"; {os.cpu_count()} CPUs.", "",

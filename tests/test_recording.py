@@ -326,3 +326,26 @@ def test_one_damaged_byte_loses_at_most_its_own_frame(tmp_path, data):
             assert damage_line(r.index) or frame[2] == "C" and frame is frames[-2]
         if frame is not None and frame[2] == "E":
             assert r.index.end in (None, {"clean": True})
+
+
+def test_a_first_frame_that_passes_its_checksum_but_not_its_content_is_skipped_at_once(tmp_path):
+    """Found by hypothesis (test_mutated_recordings_never_crash): the first frame's search for
+    the next good frame started at the file's start and found that very frame again, so the
+    reader spun until its resync budget refused the file (2-19 s for 700 bytes)."""
+    import zlib
+
+    from gputop.session.recording_format import _FILE_HEADER, _FRAME_HEADER, FRAME_META, frame_bytes
+
+    blob = _valid_file(tmp_path)
+    first = _FILE_HEADER.size
+    length = _FRAME_HEADER.unpack(blob[first:first + _FRAME_HEADER.size])[3]
+    bad_meta = frame_bytes(FRAME_META, zlib.compress(b"{not json"))   # a true checksum
+    path = tmp_path / "bad-meta.gtrec"
+    path.write_bytes(blob[:first] + bad_meta + blob[first + _FRAME_HEADER.size + length:])
+    t = time.monotonic()
+    with RecordingReader(str(path)) as r:
+        samples = r.all_samples()
+        damaged = [(d.offset, d.what) for d in r.index.damaged]
+    assert time.monotonic() - t < 0.5
+    assert damaged == [(first, "metadata")]
+    assert len(samples) == 2 * len(_samples(15)), "both chunks after it are kept"

@@ -75,7 +75,7 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
     try:
         child = p.first()["child"]
         src = StackSource(Clock(), Target(p.pid), rate_hz=20, window_s=1, steady_window_s=3, warm_s=2.0,
-                          subprocess_every=3)
+                          subprocess_every=5)
         got: list = []
         src.start(got.append)
         try:
@@ -90,9 +90,11 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
     after = main[first_long:]
     subs = [s for s in after if s.data["subprocesses"]]
     assert subs and all(s.data["dur_s"] < 1.6 for s in subs), "children's windows stay short"
-    assert all(s.data["dur_s"] > 2.2 for s in after if not s.data["subprocesses"]), "the rest are steady ones"
+    # the rest are steady ones, or cut short so that the children's next window starts on time
+    assert all(s.data["dur_s"] > 2.2 or s.data["dur_s"] < 1.6 for s in after if not s.data["subprocesses"])
     child_t = [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child)]
     later = [t for t in child_t if t >= after[0].t - 1.0]
-    # one every ~3 s of first-length windows, a steady window (3 s) in flight at most between
+    # one every 5 first-length windows' time (5 s), as in the warm-up; without the cut, every
+    # 1 + 3 + 3 s (a whole steady window late)
     gaps = [b - a for a, b in zip(later, later[1:])]
-    assert later and all(g <= 3 + 3 + 1.5 for g in gaps), (child_t, gaps)
+    assert len(later) >= 2 and all(g <= 5 + 1.5 for g in gaps), (child_t, gaps)

@@ -2,8 +2,8 @@
 
 The agent's rates are lower than the interactive UI's, so that it costs about 1% of a core per job
 (benchmarks/agent_cost.py, which prints the parts): GPU counters at 1 Hz (UI: 10 Hz), the host
-every 2 s (1 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s, then 5 s), children in every 20th
-window only (5th), the kernel's wait sampler at 5 Hz per thread (25 Hz), the time budget, the
+every 2 s (1 s), py-spy at 2 samples/s (20/s) in 20 s windows (2 s, then 5 s), children in one 20 s window
+every 400 s (a 2 s one every 10 s), the kernel's wait sampler at 5 Hz per thread (25 Hz), the time budget, the
 stall detector and the verdicts every 4 s (1 s), thread states every 4 s (2 s), new probes
 looked for every 3 s (1 s).
 

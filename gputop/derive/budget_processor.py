@@ -161,8 +161,8 @@ class BudgetProcessor:
 
     def _settle_window(self, store, now: float, pid: str, gpus: list[str], s, probe) -> bool:
         """One final py-spy window: its phase, and its moments into the session budget. A window
-        of PHASE_SPAN_MOMENTS moments or more is judged as spans of about that many (the stack
-        source's steady 5 s windows as two halves)."""
+        of twice PHASE_SPAN_MOMENTS moments or more is judged as spans of PHASE_SPAN_MOMENTS or
+        a few more (the stack source's steady 5 s windows as two halves)."""
         dur = s.get("dur_s")
         dur = float(dur) if type(dur) in (int, float) and 0 < dur < 600 else 2.0
         ms, _src = self.builder.moments(store, pid, s.t - dur - 0.5, now, gpus)

@@ -181,6 +181,12 @@ class RecordingReader:
                         idx.end = obj
             if problem is not None:
                 nxt = self._next_good_frame(pos + 1 if pos > _FILE_HEADER.size else 8, size, pos + _HDR + length)
+                if nxt == pos:
+                    # the search from the file's start (for a header a byte short) found this
+                    # very frame again, its checksum true and its content not: look after it,
+                    # or this loop spins until the resync budget refuses the file (2-19 s for a
+                    # 700-byte file, found by hypothesis)
+                    nxt = self._next_good_frame(pos + 1, size)
                 if nxt is None:
                     idx.truncated = True  # damage at the end only: keep everything before it
                     break

@@ -222,6 +222,7 @@ class KernelSampler:
                     # No ptrace right (the check is made at read time): fall back to stat.
                     proc.syscall_denied = True
                     self._close(th)
+                    th.parked = -1
                     continue
                 except OSError:
                     th.gone = True

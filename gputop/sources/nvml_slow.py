@@ -64,9 +64,9 @@ class SlowLoop:
     def _proc_sm(self, gpu: _Gpu, pids: frozenset[int]) -> tuple[dict[int, float], str | None]:
         """Per-process SM % (time-based, like util_gpu) over the samples since the last read,
         and why it is empty; read every PROC_SM_EVERY_S, the last reading in between, and at
-        once when the tree's processes on the GPU (``pids``) changed."""
+        once when a process of the tree appears on the GPU (``pids``)."""
         now = time.monotonic()
-        if now < gpu.proc_sm_next_at and pids == gpu.proc_sm_pids:
+        if now < gpu.proc_sm_next_at and pids <= gpu.proc_sm_pids:
             return gpu.proc_sm
         gpu.proc_sm_next_at = now + PROC_SM_EVERY_S
         gpu.proc_sm_pids = pids

@@ -23,6 +23,7 @@ Sources must not import gputop.session: the clock is duck-typed (``clock.now()``
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import random
@@ -87,7 +88,7 @@ WARM_S = 20.0
 # alternated runs each): worst |error| 3.6 points at 25 Hz, 6.4 at 50 Hz, 8.3 at 33 Hz -- load,
 # not the rate, dominates; the goal is +-5.
 DEFAULT_KERNEL_RATE_HZ = 25
-DEFAULT_SUBPROCESS_EVERY = 5  # every 5th window also samples child processes (--subprocesses)
+DEFAULT_SUBPROCESS_EVERY = 5  # children (--subprocesses) in one first-length window every 5 such windows' time
 KERNEL_EMIT_S = 1.0           # one thread_kernel sample per process per second
 HEALTH_CHECK_S = 0.25         # how often the loop looks whether health has something new to say
 PYSPY_EARLY_POLL_S = 0.25     # a window's py-spy is looked at this often before its end (a failure)
@@ -364,7 +365,15 @@ class StackSource(ThreadedSource):
             self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
         steady = mono - self._first_spawn >= self.warm_s and not (subs and not self.children_all_windows)
-        self.window_s = self.steady_window_s if steady else self.first_window_s
+        length = self.steady_window_s if steady else self.first_window_s
+        if steady and self.has_children and self.subprocess_every > 0 and not self.children_all_windows \
+                and self._subs_at is not None:
+            # end by the children's next window, so that it starts on time (every ~10 s, as in
+            # the warm-up), not a whole steady window later (every 12 s: outside the thread
+            # states' 10 s horizon for 2 s of them)
+            due = self._subs_at + subs_every_s - 0.5 - mono
+            length = max(self.first_window_s, min(length, math.ceil(due)))
+        self.window_s = length
         cmd = record_command(self.pyspy_path, rate, self.window_s, out_path, self.target.pid, subs)
         err_file = open(err_path, "wb")
         try:
