@@ -349,3 +349,22 @@ def test_a_first_frame_that_passes_its_checksum_but_not_its_content_is_skipped_a
     assert time.monotonic() - t < 0.5
     assert damaged == [(first, "metadata")]
     assert len(samples) == 2 * len(_samples(15)), "both chunks after it are kept"
+
+
+def test_a_damaged_length_does_not_skip_the_intact_frames_before_where_it_points(tmp_path):
+    """Found by hypothesis in CI: the metadata frame's length byte damaged so that it pointed at
+    the second chunk, which is intact; the reader took that as the next good frame and lost the
+    first chunk with the metadata. The intact frame nearest after the damage comes first."""
+    blob, frames = _three_chunk_file(tmp_path)
+    (m0, _m1, kind, _), (c0, _c1, _, first_chunk) = frames[0], frames[1]
+    assert kind == "M"
+    mutated = bytearray(blob)
+    mutated[20] ^= 151   # the metadata frame's length, low byte
+    path = tmp_path / "len.gtrec"
+    path.write_bytes(bytes(mutated))
+    everything = set().union(*(f[3] for f in frames))
+    with RecordingReader(str(path)) as r:
+        got = {s.data["i"] for s in r.all_samples()}
+        damaged = [(d.offset, d.length, d.what) for d in r.index.damaged]
+    assert first_chunk and got == everything, "only the metadata is lost"
+    assert damaged == [(m0, c0 - m0, "metadata")]

@@ -233,14 +233,21 @@ class RecordingReader:
     def _next_good_frame(self, start: int, size: int, hint: int | None = None) -> int | None:
         """The offset of the first intact frame (marker, known type and codec, length inside the
         file, matching checksum) at or after ``start``, looking at most one maximal frame
-        further; ``hint`` (where the damaged frame says it ends) is tried first. Checksumming
-        candidates is bounded per file, so a file of fake frame headers cannot take minutes."""
+        further; ``hint`` (where the damaged frame says it ends) is tried first, then only the
+        bytes before it: the damaged part may be that frame's length, and an intact frame before
+        where it says it ends comes first. Checksumming candidates is bounded per file, so a
+        file of fake frame headers cannot take minutes."""
         if hint is not None and start <= hint < size and self._frame_ok_at(hint, size):
-            return hint
+            early = self._scan_for_frame(start, size, until=hint)
+            return early if early is not None else hint
+        return self._scan_for_frame(start, size)
+
+    def _scan_for_frame(self, start: int, size: int, until: int | None = None) -> int | None:
+        """The first intact frame starting in [start, until) (until: one maximal frame on)."""
         self._f.seek(start)
         data = self._f.read(min(size - start, MAX_FRAME_BYTES + 2 * _HDR))
         i = data.find(FRAME_MARK)
-        while i >= 0:
+        while i >= 0 and (until is None or start + i < until):
             hdr = data[i:i + _HDR]
             if len(hdr) == _HDR:
                 _, ftype, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
