@@ -245,5 +245,8 @@ def test_ctrl_c_of_a_headless_demo_leaves_no_probe_socket(home):
     time.sleep(1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+    # 0 when the session had started (its handler ends it as its duration would); 130 when the
+    # Ctrl-C came while gputop was still starting (a loaded CI box): the socket goes either way
+    assert p.returncode in (0, 130), err
+    assert "Traceback" not in err, err
     assert [n for n in os.listdir(probe) if n.endswith(".sock")] == [], err

@@ -103,7 +103,7 @@ def job(tmp_path_factory):
             now = session.now()
             tables.append((now, rank_table(session.store, now)))
         assert proc.poll() == 0, f"the torchrun job failed or hung: {log_path.read_text()[-3000:]}"
-        end = time.monotonic() + 5   # the host source notices the exits at its next ticks
+        end = time.monotonic() + 10   # the host source (1 Hz, gaps up to 3 s) notices the exits at its next ticks
         while time.monotonic() < end and any(s.get("state") == "running"
                                              for s in last_by_key(samples, KIND_RANK).values()):
             time.sleep(0.2)
@@ -291,7 +291,7 @@ def test_shell_launcher_late_rank_probe_rank_and_workers(tmp_path):
             src.start(samples.append)
         proc.wait(timeout=150)
         assert proc.returncode == 0, log_path.read_text()[-3000:]
-        end = time.monotonic() + 5
+        end = time.monotonic() + 10   # the host source at 1 Hz notices the exits at its next ticks
         while time.monotonic() < end and any(s.get("state") == "running" for s in last_by_key(samples, KIND_RANK).values()):
             time.sleep(0.2)
         for src in sources:
