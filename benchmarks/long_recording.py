@@ -37,6 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from gputop.session.recorder import SUMMARY_S  # noqa: E402
 from gputop.session.rerecord import rerecord  # noqa: E402
 from gputop.verdicts.recording_summary import RecordingSummarizer  # noqa: E402
 
@@ -214,6 +215,7 @@ def main() -> int:
     ap.add_argument("--baseline-minutes", type=float, default=5.0,
                     help="also record this long without summary frames: the recorder's own CPU")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--summary-s", type=float, default=None, help="seconds per summary frame (default: the recorder's)")
     ap.add_argument("--profile", action="store_true", help="only the recorder's CPU by part")
     ap.add_argument("--minutes", type=float, default=10.0, help="recorded minutes for --profile")
     ap.add_argument("--seek-only", metavar="FILE", help="only time the replay's seeks on FILE (a --keep'd long.gtrec)")
@@ -233,7 +235,7 @@ def main() -> int:
     rss0 = _rss()
     cpu0, t0 = time.process_time(), time.perf_counter()
     rec = rerecord(a.source, dst, RecordingSummarizer(), span_s=a.hours * 3600.0,
-                   progress=lambda f: rss_rows.append((f, _rss())))
+                   summary_s=a.summary_s if a.summary_s else SUMMARY_S, progress=lambda f: rss_rows.append((f, _rss())))
     build_s, build_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if rec.error or rec.summary_error:
         raise SystemExit(f"recording failed: {rec.error or rec.summary_error}")

@@ -1,6 +1,6 @@
 """``gputop report FILE [--json]``: what a recorded session looked like, in numbers.
 
-A file with summary frames (format 1.1: the recorder writes one a minute) is reported by
+A file with summary frames (format 1.1: the recorder writes one every 5 minutes, `SUMMARY_S`) is reported by
 merging them: the statistics of every field, and the verdicts and time budget of the whole-file
 replay that the recorder ran as it wrote (docs/report.md). Otherwise the statistics are built in
 one pass over the chunks, aggregating the columnar data directly, and the verdicts are
@@ -43,7 +43,7 @@ class ReportSection:
     kinds: tuple[str, ...]
     build: Callable[[list[Sample], dict], dict | None]
     text: Callable[[dict], list[str]] | None = None
-    # Mergeable form (derive/report_partials.py): ``partial`` of one minute's samples, written in
+    # Mergeable form (derive/report_partials.py): ``partial`` of one summary frame's samples, written in
     # the summary frames; ``merge(partials, kept samples, report)`` -> what ``build`` gives. None:
     # a section whose kinds the summary frames keep as they are is built from those; any other
     # makes the report read every sample.

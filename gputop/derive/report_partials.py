@@ -1,6 +1,7 @@
-"""The report's sections as mergeable partials: what one minute of samples gives each section,
-written into the recorder's summary frames and merged by ``gputop report`` (gputop/report.py)
-so that an hour's report reads the summary frames only, never every chunk.
+"""The report's sections as mergeable partials: what one summary frame's samples (5 minutes,
+``SUMMARY_S``) give each section, written into the recorder's summary frames and merged by
+``gputop report`` (gputop/report.py) so that an hour's report reads the summary frames only,
+never every chunk.
 
 A summary frame's ``sections`` (format 1.1; readers that do not know it ignore it):
   {"v": 2, "keep": [kind...], "kept": [[kind, key, ts, order, {field: values}]...],
@@ -22,8 +23,8 @@ A summary frame's ``sections`` (format 1.1; readers that do not know it ignore i
     not summed: about 7 kB a minute per GPU sampled at 5/s).
 Frames of another layout ``v`` (1: written before the string tables) are not merged: their
 sections are built from every sample (correct, only slower). Every number merged is the one
-reading every sample gives, except float sums added minute by
-minute (the last bits; docs/report.md). Pure: no file, no thread.
+reading every sample gives, except float sums added frame by
+frame (the last bits; docs/report.md). Pure: no file, no thread.
 """
 
 from __future__ import annotations
@@ -421,7 +422,7 @@ SUMMARY_KINDS = frozenset(KEEP) | {KIND_STACKS, KIND_THREAD_KERNEL, KIND_GPU}   
 
 
 def summarize(samples: list[Sample]) -> dict:
-    """A summary frame's ``sections`` of one minute's samples (in the order written)."""
+    """A summary frame's ``sections`` of its samples (in the order written)."""
     ordered = sorted(samples, key=lambda s: s.t)   # as a section's build gets them
     return {"v": PARTS_VERSION, "keep": list(KEEP), "kept": kept_series(samples),
             "parts": {p.name: p.partial(ordered) for p in PARTIALS.values() if p.partial is not None}}

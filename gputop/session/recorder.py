@@ -24,7 +24,14 @@ MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 
                                # a long disk stall costs samples, never gputop's memory
 CHUNK_SAMPLES = 20_000         # a backlog is written as chunks of at most this many samples...
 CHUNK_SPAN_S = 5.0             # ... and this span, well inside what the reader accepts
-SUMMARY_S = 60.0               # a summary frame per this many seconds of samples
+# A summary frame per this many seconds of samples. The report's cost is in proportion to the
+# frames (each one's statistics, thread aggregates and hot frames are about the same size however
+# long it covers, and are parsed, checked and merged), so longer frames make a long file's report
+# cheaper: an hour's report 0.99 -> 0.77 s at 60 -> 300 s (docs/benchmarks.md, "Long recordings").
+# What it costs: the summarizer holds up to this long of the report's small kinds and section
+# partials in memory (~2 MiB), and a file cut short (no final frame) has up to this long of chunks
+# read for its statistics instead of their summary: about a second.
+SUMMARY_S = 300.0
 
 
 class Summarizer(Protocol):

@@ -308,26 +308,35 @@ def _check_value(v, depth: int = 0) -> bool:
 
 _INT_MIN, _INT_MAX = -(1 << 63), 1 << 64
 _JSON_SCALARS = frozenset({float, bool, type(None), str, int})
+_STR_TYPE, _INT_TYPE, _CONTAINERS = {str}, {int}, frozenset({list, dict})
 
 
 def _tree_ok(v, depth: int = 0) -> bool:
     """``_check_value(v, depth)``, a container's items checked a list at a time (by the set of
     their types, the longest string, the extreme ints) rather than one call each: a summary
-    frame is a few hundred kB of JSON, mostly lists of numbers and strings."""
+    frame is a few hundred kB of JSON, mostly lists of numbers and strings. Lists of one type
+    (columns of numbers, of names) take the shortest path; it is the report's largest cost
+    after parsing the JSON (tests/test_report_partials.py checks it against ``_check_value``)."""
     t = type(v)
     if t is list:
         items = v
     elif t is dict:
-        if not all(type(k) is str for k in v) or (v and max(map(len, v)) > MAX_STRING):
+        if v and (set(map(type, v)) != _STR_TYPE or max(map(len, v)) > MAX_STRING):
             return False
-        items = list(v.values())
+        items = v.values()
     else:
         return _check_value(v, depth)
     if depth > MAX_DEPTH:
         return False
+    if not items:
+        return True
     types = set(map(type, items))
     if types <= _FAST_TYPES:
         return True
+    if types == _STR_TYPE:
+        return max(map(len, items)) <= MAX_STRING
+    if types == _INT_TYPE:
+        return min(items) >= _INT_MIN and max(items) < _INT_MAX
     if str in types and max(len(x) for x in items if type(x) is str) > MAX_STRING:
         return False
     if int in types:
@@ -337,9 +346,14 @@ def _tree_ok(v, depth: int = 0) -> bool:
     rest = types - _JSON_SCALARS
     if not rest:
         return True
-    if not rest <= {list, dict}:
+    if not rest <= _CONTAINERS:
         return False   # not what JSON parses to
-    return all(_tree_ok(x, depth + 1) for x in items if type(x) is list or type(x) is dict)
+    depth += 1
+    for x in items:
+        tx = type(x)
+        if (tx is list or tx is dict) and not _tree_ok(x, depth):
+            return False
+    return True
 
 
 def check_summary(obj) -> dict:

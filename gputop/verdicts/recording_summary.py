@@ -1,6 +1,6 @@
 """What a recording's summary frames hold, written by the recorder and merged by the report.
 
-Each summary frame covers the chunks written since the previous one (about a minute):
+Each summary frame covers the chunks written since the previous one (`SUMMARY_S`, 5 minutes; 1 in files written before):
 - ``stats``: the report's statistics of those chunks (derive/record_stats.StatsPartial);
 - ``verdicts``: the verdict samples the whole-file replay publishes over that stretch, computed
   as the file is written by the same processors (session/summary_chain.IncrementalReplay);
