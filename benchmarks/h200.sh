@@ -207,8 +207,10 @@ phase_export() {
 # Recordings and reports land in $RES/real/; the rates files are the loops' own step counts.
 phase_real() {
   local d=$RES/real; mkdir -p "$d"
-  for s in ${REAL_PID:-hf_trainer lightning checkpoint_stall cpu_work eval_phase slow_startup periodic_stall}; do
-    local secs=35; [ "$s" = hf_trainer ] && secs=50
+  # REAL_SECS: seconds each loop is watched (default 35, HF Trainer 50); REAL_PID / REAL_RUN: which
+  # loops (an empty REAL_RUN runs none under `gputop run`)
+  for s in ${REAL_PID-hf_trainer lightning checkpoint_stall cpu_work eval_phase slow_startup periodic_stall}; do
+    local secs=${REAL_SECS:-35}; [ "$s" = hf_trainer ] && [ -z "${REAL_SECS:-}" ] && secs=50
     setsid $PY -m gputop.demo.workload --scenario $s --report-every 0.5 > "$d/$s-pid.rates" 2> "$d/$s-pid.workload.err" &
     local w=$!
     $PY -m gputop --pid $w --headless --duration $secs --record "$d/$s-pid.gtrec" --json \
@@ -216,8 +218,8 @@ phase_real() {
     kill -- -$w 2>/dev/null; wait $w 2>/dev/null
     note "real $s (pid): $(real_line "$d/$s-pid.json")"
   done
-  for s in ${REAL_RUN:-hf_trainer lightning checkpoint_stall}; do
-    local secs=35; [ "$s" = hf_trainer ] && secs=50
+  for s in ${REAL_RUN-hf_trainer lightning checkpoint_stall}; do
+    local secs=${REAL_SECS:-35}; [ "$s" = hf_trainer ] && [ -z "${REAL_SECS:-}" ] && secs=50
     # (headless --json: the job's own output comes out on stderr, beside gputop's "gputop:" lines)
     $PY -m gputop run --headless --stop-with-gputop --duration $secs --record "$d/$s-run.gtrec" --json -- \
         $PY -m gputop.demo.workload --scenario $s --report-every 0.5 > "$d/$s-run.json" 2> "$d/$s-run.gputop.err"
