@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gputop.agent.job import BUDGET_STACKS_S, THREADS_SLACK_S, widen_windows
-from gputop.model import KIND_HEALTH
+from gputop.catalogue import KIND_PHASE
+from gputop.model import KIND_HEALTH, Sample
 from gputop.sources import stacks
 from gputop.sources.stacks import KIND_STACKS, StackSource
 from gputop.sources.target import Target
@@ -39,6 +40,54 @@ def test_windows_lengthen_after_the_warm_up_and_health_says_so():
             and s.data.get("window_s") is not None]
     assert said[0] == 1 and said[-1] == 3, "health says the window in flight (the stall detector reads it)"
     assert src.describe()["window_s"] == 1 and src.describe()["steady_window_s"] == 3
+
+
+def test_where_phases_are_judged_the_warm_up_lasts_until_the_job_has_trained_a_while():
+    """A job still in start-up after ``warm_s`` keeps the short windows (its first training
+    seconds are what the first verdict is made of); they lengthen ``warm_s`` after its first
+    training step, as the budget processor's phase samples tell it (heard on the session's bus)."""
+    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    clock = Clock()
+    try:
+        p.first()
+        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=3, warm_s=2.0)
+        got: list = []
+        src.start(got.append)
+
+        def phase(training_since):
+            src.on_samples([Sample(clock.now(), KIND_PHASE, "main",
+                                   {"phase": "startup" if training_since is None else "training",
+                                    "training_since": training_since})])
+        try:
+            phase(None)
+            assert wait_for(lambda: sum(s.kind == KIND_STACKS for s in got) >= 5, 30)
+            trained_at = clock.now()
+            phase(trained_at)
+            phase(trained_at + 5.0)   # a later judged stretch: the first one counts
+            assert wait_for(lambda: sum(s.kind == KIND_STACKS and s.data["dur_s"] > 2.2 for s in got) >= 2, 30)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    wins = [s.data for s in got if s.kind == KIND_STACKS]
+    short = [w for w in wins if w["t0"] < trained_at]
+    assert len(short) >= 4 and all(w["dur_s"] < 1.6 for w in short), "start-up past warm_s: short windows"
+    first_long = next(w for w in wins if w["dur_s"] > 2.2)
+    # the first long window starts warm_s after training began (at a window's end), not before
+    assert trained_at + 2.0 - 0.2 <= first_long["t0"] <= trained_at + 2.0 + 1.6, (trained_at, wins)
+
+
+def test_without_phases_the_warm_up_is_warm_s_after_the_first_window():
+    """A source whose session judges no phases (no phase sample heard) lengthens its windows
+    ``warm_s`` after the first one, as before; one whose job never trains, after MAX_WARM_S."""
+    src = StackSource(Clock(), Target(1), window_s=1, steady_window_s=3, warm_s=2.0)
+    src._first_spawn = 100.0
+    assert src._warm(101.0) and not src._warm(102.5)
+    src = StackSource(Clock(), Target(1), window_s=1, steady_window_s=3, warm_s=2.0)
+    src._first_spawn = 100.0
+    src.on_samples([Sample(0.0, KIND_PHASE, "main", {"phase": "startup", "training_since": None})])
+    assert src._warm(102.5) and src._warm(100.0 + stacks.MAX_WARM_S - 1)
+    assert not src._warm(100.0 + stacks.MAX_WARM_S) and not src._warm(102.5), "once over, over"
 
 
 def test_a_longer_first_window_is_never_shortened():

@@ -46,7 +46,7 @@ from gputop.sources.speedscope import (MAX_DEPTH, MAX_STACKS_PER_THREAD, SourceL
                                        fold_speedscope, run_lengths)
 from gputop.sources.target import dies_with_parent
 
-from gputop.catalogue import KIND_STACKS, SOURCE_STACKS  # the kinds' home; KIND_STACKS importable here too
+from gputop.catalogue import KIND_PHASE, KIND_STACKS, SOURCE_STACKS  # the kinds' home; KIND_STACKS importable here too
 
 SOURCE_NAME = SOURCE_STACKS
 
@@ -78,6 +78,14 @@ DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole secon
 # widen_windows' rule, checked by tests/test_stacks_steady.py).
 STEADY_WINDOW_S = 5
 WARM_S = 20.0
+# ...and, where the session judges phases (the budget processor's "phase" samples, heard in
+# ``on_samples``), the short windows hold until the job has been training for WARM_S, however
+# long its start-up takes: at 20 s from the attach alone, a Hugging Face Trainer job (23 s of
+# start-up on the H200) had its first training seconds in 5 s windows and its first verdict 8.2 s
+# after its first step (4.9 s with 2 s windows; docs/benchmarks.md "H200 run 10"). A job that
+# never trains (a server, a script without a training loop) gets the steady windows after
+# MAX_WARM_S.
+MAX_WARM_S = 120.0
 # /proc syscall reads per thread per second. 25, not 50: the wake-ups of this loop were 1.1% of
 # a core on the H200 (benchmarks/cpu_profile.py), and what the rate buys is the GIL share of a
 # thread's *off-CPU* time only (on-CPU and run-queue time are exact, from schedstat), so a thread
@@ -147,6 +155,9 @@ class StackSource(ThreadedSource):
         self.warm_s = float(warm_s)
         self.window_s = self.first_window_s
         self._first_spawn: float | None = None
+        self._phases_heard = False            # a "phase" sample came: the warm-up waits for training
+        self._training_since: float | None = None   # session time the job's first judged stretch began
+        self._warm_over = False
         self._preexec = dies_with_parent(signal.SIGKILL)  # py-spy never outlives gputop
         self.kernel_rate_hz = float(kernel_rate_hz)
         # py-spy's --subprocesses costs ~3x a main-process-only window (it samples every child
@@ -205,6 +216,33 @@ class StackSource(ThreadedSource):
             "gil_method": "futex wait on the Python runtime's static data (/proc/PID/task/TID/syscall)",
             "nonblocking": True,
         }
+
+    # -- Subscriber: the job's phase, on the derive thread (it only looks) -----------------------
+    def on_samples(self, samples: list[Sample]) -> None:
+        if self._training_since is not None:
+            return
+        for s in samples:
+            if s.kind == KIND_PHASE and s.key == "main":
+                self._phases_heard = True
+                since = s.data.get("training_since")
+                if isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since):
+                    self._training_since = float(since)
+
+    def _warm(self, mono: float) -> bool:
+        """Whether the next main-process window is a warm-up one (``first_window_s``): for
+        ``warm_s`` after the first window began, and, where phases are judged, until the job has
+        trained for ``warm_s`` (at most ``MAX_WARM_S`` after the first window)."""
+        if self._warm_over:
+            return False
+        since_first = mono - self._first_spawn
+        if since_first < self.warm_s:
+            return True
+        ts = self._training_since
+        if not self._phases_heard or since_first >= MAX_WARM_S or (
+                ts is not None and self.clock.now() - ts >= self.warm_s):
+            self._warm_over = True
+            return False
+        return True
 
     # -- the loop --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -364,7 +402,7 @@ class StackSource(ThreadedSource):
         if subs:
             self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
-        steady = mono - self._first_spawn >= self.warm_s and not (subs and not self.children_all_windows)
+        steady = not self._warm(mono) and not (subs and not self.children_all_windows)
         length = self.steady_window_s if steady else self.first_window_s
         if steady and self.has_children and self.subprocess_every > 0 and not self.children_all_windows \
                 and self._subs_at is not None:
