@@ -21,6 +21,12 @@ def tid_key(tid) -> int | str:
     return tid
 
 
+def frame_keys(frames: list) -> list:
+    """(function, file) of each entry of a stacks sample's frame table; None for an entry that is
+    not a [function, file, line, ...] list."""
+    return [(str(f[0]), str(f[1])) if isinstance(f, list) and len(f) >= 3 else None for f in frames]
+
+
 class HotCounts:
     __slots__ = ("self_n", "total_n", "lines", "n_all")
 
@@ -30,8 +36,13 @@ class HotCounts:
         self.lines: dict[tuple, Counter] = {}
         self.n_all = 0
 
-    def add_thread(self, frames: list, th: dict) -> None:
-        """One thread entry of a stacks sample (``frames``: the sample's frame table)."""
+    def add_thread(self, frames: list, th: dict, keys: list | None = None) -> None:
+        """One thread entry of a stacks sample (``frames``: the sample's frame table; ``keys``:
+        its ``frame_keys``, made once for all of the sample's threads)."""
+        if keys is None:
+            keys = frame_keys(frames)
+        nf = len(keys)
+        total_n, self_n = self.total_n, self.self_n
         for entry in th.get("stacks") or []:
             try:
                 count, stack = int(entry[0]), [int(i) for i in entry[1]]
@@ -40,17 +51,14 @@ class HotCounts:
             if count <= 0:
                 continue
             self.n_all += count
-            seen = set()
-            for pos, i in enumerate(stack):
-                if not (0 <= i < len(frames)) or not isinstance(frames[i], list) or len(frames[i]) < 3:
-                    continue
-                fkey = (str(frames[i][0]), str(frames[i][1]))
-                if fkey not in seen:
-                    seen.add(fkey)
-                    self.total_n[fkey] += count
-                if pos == len(stack) - 1:
-                    self.self_n[fkey] += count
-                    self.lines.setdefault(fkey, Counter())[frames[i][2]] += count
+            # each function once per stack, in the order first seen (ties in the table keep it)
+            for fkey in dict.fromkeys(keys[i] for i in stack if 0 <= i < nf and keys[i] is not None):
+                total_n[fkey] += count
+            last = stack[-1] if stack else -1
+            if 0 <= last < nf and keys[last] is not None:
+                fkey = keys[last]
+                self_n[fkey] += count
+                self.lines.setdefault(fkey, Counter())[frames[last][2]] += count
 
     def add_sample(self, s, want: Callable[[int, dict], bool] | None = None) -> None:
         """The threads of one stacks sample that ``want(pid, thread)`` (all when None)."""
@@ -64,9 +72,10 @@ class HotCounts:
         threads = s.data.get("threads")
         if not isinstance(frames, list) or not isinstance(threads, list):
             return
+        keys = frame_keys(frames)
         for th in threads:
             if isinstance(th, dict) and (want is None or want(spid, th)):
-                self.add_thread(frames, th)
+                self.add_thread(frames, th, keys)
 
     def merge(self, o: "HotCounts") -> None:
         """Add ``o``, the counts of later samples."""
