@@ -126,7 +126,8 @@ class BudgetProcessor:
             span = max(1e-6, moments[-1].t - moments[0].t + moments[-1].dt)
             data.update({"window_s": round(now - since, 2), "gpu_source": source, "phase": phase, "pid": pid,
                          "from": "stacks" if moments[0].naming is not _GPU_ONLY else "gpu",
-                         "stalls": describe(find_stalls(moments), span)})
+                         "stalls": describe(find_stalls(moments), span,
+                                            sum(m.dt for m in moments if m.busy is not None))})
             split = self._probe_split(store, pid, since)
             if split:
                 data["probe"] = split

@@ -22,7 +22,7 @@ BRIDGE_S = 1.0          # ... which one stall spans when it is stalled on both s
 MIN_STALL_S = 0.25      # shorter idle stretches are the ordinary gaps between steps
 MIN_REPEATS = 3         # stalls needed before a period is named
 REGULAR_SPREAD = 0.25   # periodic: most intervals within 25% of their median
-CONTINUOUS_SHARE = 0.8  # stalls filling this much of the window are one state, not stalls
+CONTINUOUS_SHARE = 0.8  # stalls filling this much of the sampled time are one state, not stalls
 
 
 @dataclass(frozen=True)
@@ -81,20 +81,27 @@ def _close(out: list[Stall], run: list[Moment], clipped_start: bool, clipped_end
         out.append(Stall(t0, t1, cause, frame, clipped_start or clipped_end))
 
 
-def describe(stalls: list[Stall], span_s: float) -> dict | None:
+def describe(stalls: list[Stall], span_s: float, sampled_s: float | None = None) -> dict | None:
     """The stalls of a window in a few numbers: how many, their median length, the median
     interval between their starts (when regular: ``periodic``), the share of time they took,
-    and the commonest cause and frame."""
+    and the commonest cause and frame. ``sampled_s``: the time the moments stand for (the
+    window less the stretches between py-spy's windows)."""
     if not stalls:
         return None
     whole = [s.duration_s for s in stalls if not s.clipped]
     durations = whole if len(whole) >= 2 else [s.duration_s for s in stalls]
     share = min(1.0, sum(durations) / span_s) if span_s > 0 else None
+    # Idle nearly all the time it was seen: not intermittent, and no period or length to name.
+    # Judged on the sampled time, not the window: py-spy starts each window anew, and on a heavy
+    # process (Lightning on the H200) it sees nothing for 1.3-1.8 s of each 5 s one, longer than
+    # BRIDGE_S, so a GPU idle all along read as one stall per window, "stops 3.5 s every 4.6 s"
+    # (the windows' own period), with only ~75% of the window in stalls.
+    all_s = sum(s.duration_s for s in stalls)
+    seen = min(1.0, all_s / sampled_s) if sampled_s else share
     out = {"count": len(stalls), "duration_s": round(median(durations), 2),
            "share": round(share, 3) if share is not None else None,
            "period_s": None, "periodic": False,
-           # idle nearly all the window: not intermittent, and no period or length to name
-           "continuous": share is not None and share >= CONTINUOUS_SHARE}
+           "continuous": seen is not None and seen >= CONTINUOUS_SHARE}
     causes = Counter(s.cause for s in stalls)
     out["cause"] = causes.most_common(1)[0][0]
     frames = Counter(s.frame for s in stalls if s.frame and s.cause == out["cause"])
