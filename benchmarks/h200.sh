@@ -64,7 +64,8 @@ phase_monitors() {
   # in steady state, past the stack source's 20 s of short py-spy windows (WARM_S)
   local d=$RES/monitors; mkdir -p "$d"
   timeout 540 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations "${ALTS:-3}" \
-      --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-24}" --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
+      --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-28}" --nvitop-settle "${NVITOP_SETTLE:-4}" \
+      --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
   tail -7 "$d/monitors.txt" | tee -a "$SUMMARY"
   rm -f "$d"/*.gtrec
 }

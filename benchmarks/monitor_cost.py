@@ -228,6 +228,9 @@ def main() -> int:
     ap.add_argument("--alternations", type=int, default=3)
     ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after a monitor starts before it is measured")
+    ap.add_argument("--nvitop-settle", type=float, default=None,
+                    help="the same for nvitop (default --settle): it has no warm-up, and a long settle for every "
+                         "monitor makes a three-round run outlast the GPU machine's 10 minutes a command")
     ap.add_argument("--monitors", default="headless", help=f"comma-separated, of: {', '.join(MONITORS)}")
     ap.add_argument("--gputop-args", default="")
     ap.add_argument("--label", default=None)
@@ -260,7 +263,8 @@ def main() -> int:
             rows = {}
             for k in range(len(monitors)):
                 name = monitors[(i + k) % len(monitors)]
-                row = monitor_window(name, w.pid, a.window, a.settle, a.outdir, extra, n)
+                settle = a.nvitop_settle if name.startswith("nvitop") and a.nvitop_settle is not None else a.settle
+                row = monitor_window(name, w.pid, a.window, settle, a.outdir, extra, n)
                 n += 1
                 if "missing" not in row:
                     watched = reader.between(row["t_steady"], row["t_end"])
@@ -272,7 +276,7 @@ def main() -> int:
         w.wait(timeout=10)
 
     summary = {"label": label, "scenario": a.scenario, "gputop_args": extra, "window_s": a.window,
-               "settle_s": a.settle, "cpu_count": os.cpu_count(), "monitors": {}, "rounds": rounds}
+               "settle_s": a.settle, "nvitop_settle_s": a.nvitop_settle, "cpu_count": os.cpu_count(), "monitors": {}, "rounds": rounds}
     for name in monitors:
         rows = [r["monitors"][name] for r in rounds]
         missing = next((r["missing"] for r in rows if "missing" in r), None)
