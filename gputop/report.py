@@ -116,7 +116,7 @@ class _Summaries:
 def _read_summaries(reader) -> _Summaries | None:
     """The summary frames merged, or None when the file has none or they cannot be trusted to
     give what reading every sample would (a damaged part: the samples are read instead)."""
-    from gputop.verdicts.recording_summary import verdict_samples
+    from gputop.verdicts.recording_summary import rules_fingerprint, verdict_samples
 
     idx = reader.index
     if not idx.summaries or idx.damaged or idx.bad_chunks:
@@ -140,6 +140,8 @@ def _read_summaries(reader) -> _Summaries | None:
                 sections = None
     if final is not None and (final.get("t_start") != idx.t_start or final.get("t_end") != idx.t_end):
         final = None   # the replay it summarizes is not of this file as it reads now
+    if final is not None and final.get("rules") != rules_fingerprint():
+        final = None   # judged by other rules (another gputop): today's are replayed
     return _Summaries(stats, idx.summaries[-1].offset, verdicts, final, sections)
 
 
@@ -182,7 +184,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
         if recompute_verdicts and summaries is not None and summaries.final is not None and not index.damaged:
             final = summaries.final
             verdict_keys = _verdict_keys(summaries.verdicts, index.t_start, index.t_end,
-                                         {k: v for k, v in final.items() if k not in ("t_start", "t_end")})
+                                         {k: v for k, v in final.items() if k not in ("t_start", "t_end", "rules")})
         truncated, clean_end = index.truncated, index.end is not None
         damaged, damage = [d.as_dict() for d in index.damaged], damage_line(index)
     bad = meta_bad   # the metadata's bad values first, then the samples', in the order found

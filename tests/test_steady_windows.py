@@ -72,3 +72,16 @@ def test_real_stalls_keep_their_period_and_length_at_the_default_windows():
     assert abs(ev["stall_s"] - 1.50) <= 0.3 and abs(ev["stall_every_s"] - 3.33) <= 0.5, ev
     ev = _report("checkpoint_stall-pid.gtrec")["verdicts"]["io_stall"]["evidence"]
     assert 2.0 <= ev["stall_s"] <= 3.6 and abs(ev["stall_every_s"] - 7.43) <= 1.0, ev
+
+
+def test_a_file_judged_by_other_rules_is_reported_with_todays():
+    """These files' summary frames hold the verdicts of the gputop that recorded them (run 10,
+    before the stall fix above): the report replays them with today's rules instead of merging
+    those, so the fix reaches old recordings' reports too."""
+    from gputop.session.recording_reader import RecordingReader as Reader
+
+    with Reader(str(STEADY / "lightning-pid.gtrec")) as r:
+        finals = [obj["final"] for ref in r.index.summaries if "final" in (obj := r.read_summary(ref))]
+    assert finals and "rules" not in finals[-1], "recorded by the older code"
+    rep = _report("lightning-pid.gtrec")
+    assert "stops" not in rep["verdicts"]["host_bound"]["summary"], rep["verdicts"]["host_bound"]["summary"]

@@ -6,13 +6,20 @@ Each summary frame covers the chunks written since the previous one (`SUMMARY_S`
   as the file is written by the same processors (session/summary_chain.IncrementalReplay);
 - ``sections``: the report sections' mergeable partials of those chunks (Python stacks, probe,
   ranks, efficiency, stall: derive/report_partials.py);
-- ``final`` (the last frame, written on a clean stop only): where the replay started and ended
-  and the time budget at the end (derive/budget_processor.budget_section).
+- ``final`` (the last frame, written on a clean stop only): where the replay started and ended,
+  the time budget at the end (derive/budget_processor.budget_section), and ``rules``, the
+  fingerprint of the code that judged (``rules_fingerprint``).
 The report merges these instead of reading every sample (gputop/report.py); a file without a
-``final`` frame (gputop was killed) has its verdicts replayed from the samples instead.
+``final`` frame (gputop was killed), or judged by other rules than the reader's (another gputop
+version), has its verdicts replayed from the samples instead, so that a better rule table
+improves old recordings' reports as it does their replays.
 """
 
 from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
 
 from gputop.derive.budget_processor import BudgetProcessor, budget_section
 from gputop.derive import report_partials
@@ -25,6 +32,21 @@ from gputop.verdicts.engine import KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDI
 from gputop.verdicts.summary import summary_rows
 
 SUMMARY_VERDICT_KINDS = (KIND_VERDICT, KIND_VERDICT_PRIMARY, KIND_VERDICT_CHANGE)   # what verdicts/summary.py reads
+
+
+@functools.lru_cache(maxsize=1)
+def rules_fingerprint() -> str:
+    """A digest of the code that turns samples into verdicts and the time budget (every module
+    of gputop/derive and gputop/verdicts): a summary frame's verdicts stand for a replay only
+    when the recorder ran this same code. Any edit changes it, a comment too; that costs a
+    replay (seconds for an hour), never a stale verdict. ~2 ms, once a process."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in ("derive", "verdicts"):
+        for f in sorted((root / pkg).glob("*.py")):
+            h.update(f"{pkg}/{f.name}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 class RecordingSummarizer:
@@ -68,7 +90,7 @@ class RecordingSummarizer:
     def finish(self) -> dict:
         self.chain.finish()
         chain = self.chain
-        final: dict = {"t_start": chain.t_start, "t_end": chain.t_end}
+        final: dict = {"t_start": chain.t_start, "t_end": chain.t_end, "rules": rules_fingerprint()}
         budget = next((p for p in self.processors if isinstance(p, BudgetProcessor)), None)
         if budget is not None and chain.position is not None:
             final.update(budget_section(budget, chain.t_end))
