@@ -60,8 +60,9 @@ phase_cost() {
 
 phase_monitors() {
   # issue 14: nvitop (default, --interval 0.25), gputop headless and the UI (120x40 ptys) side by
-  # side against the GPU-bound loop, three rounds, each monitor measured from 24 s after its start:
-  # in steady state, past the stack source's 20 s of short py-spy windows (WARM_S)
+  # side against the GPU-bound loop, three rounds, gputop measured from 28 s after its start (in
+  # steady state, past the stack source's short py-spy windows: WARM_S, until the job, already
+  # training, has been watched ~20 s), nvitop from 4 s (it has no warm-up)
   local d=$RES/monitors; mkdir -p "$d"
   timeout 540 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations "${ALTS:-3}" \
       --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-28}" --nvitop-settle "${NVITOP_SETTLE:-4}" \

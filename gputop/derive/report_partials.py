@@ -191,7 +191,7 @@ def _merged_aggs(parts) -> dict:
                 aggs[(o.pid, o.tid)] = o
             else:
                 _merge_agg(a, o)
-    # a process is a DataLoader worker if any of its threads showed it, in any minute
+    # a process is a DataLoader worker if any of its threads showed it, in any frame
     workers = {a.pid for a in aggs.values() if a.worker}
     for a in aggs.values():
         a.worker = a.pid in workers
@@ -347,7 +347,7 @@ def efficiency_merge(parts: list, kept: list[Sample], report: dict) -> dict:
 
 @dataclass(frozen=True)
 class SectionPartial:
-    """How a report section is summarized: ``partial`` of one minute's samples of the section's
+    """How a report section is summarized: ``partial`` of one summary frame's samples of the section's
     kinds (JSON-able); ``merge(partials, kept samples, report so far)`` -> the section, as its
     ``build`` over every sample gives it. ``partial`` None: the section reads kept kinds only
     and is built from them (``build`` itself)."""
@@ -477,6 +477,15 @@ class MergedFrames:
         if self.tail:
             parts.append(as_json(section.partial([s for s in self.tail if s.kind in section.kinds])))
         return section.merge(parts, kept, report)
+
+
+def held_samples(kind: str, key: str, ts: list, cols: dict) -> list[Sample]:
+    """``series_samples`` of what ``summarize`` reads, for the summarizer to hold until its
+    frame: of a gpu sample only ``GPU_FIELDS`` (its other ~25 fields were most of the held
+    memory: a frame holds 5 minutes of them, 3,000 a GPU)."""
+    if kind == KIND_GPU:
+        cols = {n: c for n, c in cols.items() if n in GPU_FIELDS}
+    return series_samples(kind, key, ts, cols)
 
 
 def series_samples(kind: str, key: str, ts: list, cols: dict) -> list[Sample]:

@@ -32,6 +32,7 @@ class Stall:
     cause: str
     frame: str | None
     clipped: bool = False   # it touches a stretch without samples: its true length is unknown
+    sampled_s: float | None = None   # the time its moments stand for (its length less the bridged gaps)
 
     @property
     def duration_s(self) -> float:
@@ -78,7 +79,7 @@ def _close(out: list[Stall], run: list[Moment], clipped_start: bool, clipped_end
     t0, t1 = run[0].t - run[0].dt / 2, run[-1].t + run[-1].dt / 2
     if t1 - t0 >= MIN_STALL_S:
         cause, frame = _cause(run)
-        out.append(Stall(t0, t1, cause, frame, clipped_start or clipped_end))
+        out.append(Stall(t0, t1, cause, frame, clipped_start or clipped_end, sum(m.dt for m in run)))
 
 
 def describe(stalls: list[Stall], span_s: float, sampled_s: float | None = None) -> dict | None:
@@ -96,8 +97,9 @@ def describe(stalls: list[Stall], span_s: float, sampled_s: float | None = None)
     # process (Lightning on the H200) it sees nothing for 1.3-1.8 s of each 5 s one, longer than
     # BRIDGE_S, so a GPU idle all along read as one stall per window, "stops 3.5 s every 4.6 s"
     # (the windows' own period), with only ~75% of the window in stalls.
-    all_s = sum(s.duration_s for s in stalls)
-    seen = min(1.0, all_s / sampled_s) if sampled_s else share
+    # (both sides in sampled time: a stall's length also spans the gaps it bridges)
+    stalled_s = sum(s.duration_s if s.sampled_s is None else s.sampled_s for s in stalls)
+    seen = min(1.0, stalled_s / sampled_s) if sampled_s else share
     out = {"count": len(stalls), "duration_s": round(median(durations), 2),
            "share": round(share, 3) if share is not None else None,
            "period_s": None, "periodic": False,

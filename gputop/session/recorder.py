@@ -27,16 +27,18 @@ CHUNK_SPAN_S = 5.0             # ... and this span, well inside what the reader 
 # A summary frame per this many seconds of samples. The report's cost is in proportion to the
 # frames (each one's statistics, thread aggregates and hot frames are about the same size however
 # long it covers, and are parsed, checked and merged), so longer frames make a long file's report
-# cheaper: an hour's report 0.99 -> 0.77 s at 60 -> 300 s (docs/benchmarks.md, "Long recordings").
-# What it costs: the summarizer holds up to this long of the report's small kinds and section
-# partials in memory (~2 MiB), and a file cut short (no final frame) has up to this long of chunks
-# read for its statistics instead of their summary: about a second.
+# cheaper: an hour's report 0.99 -> 0.77 s CPU from this change alone (0.55 s with the others of
+# that session; docs/benchmarks.md, "H200 run 10 and long recordings"). What it costs: the
+# summarizer holds up to this long of the samples its sections read (~3 MiB for an HF Trainer job
+# on one GPU: the stacks, the small kinds, and 0.4 MiB a GPU of energy, power and tensor readings:
+# report_partials.held_samples), and a file cut short (no final frame) has up to this long of
+# chunks read for its statistics instead of their summary: about a second.
 SUMMARY_S = 300.0
 
 
 class Summarizer(Protocol):
     """What the recorder's summary frames hold (gputop/verdicts/recording_summary.py makes
-    them: the report's statistics and the derivations replayed, mergeable minute by minute)."""
+    them: the report's statistics and the derivations replayed, mergeable frame by frame)."""
 
     def add(self, series: list[Series], t0: float, t1: float) -> None:
         """One chunk as written, exactly as a reader decodes it."""

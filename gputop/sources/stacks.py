@@ -64,7 +64,7 @@ SOURCE_NAME = SOURCE_STACKS
 # the 2-core box), not enough alone for the 2% goal, so accuracy wins.
 DEFAULT_RATE_HZ = 20
 DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole seconds) while warming up
-# After WARM_S of windows, each window is STEADY_WINDOW_S long. py-spy has no streaming mode, so
+# After the warm-up (WARM_S, below), each window is STEADY_WINDOW_S long. py-spy has no streaming mode, so
 # every window is a fresh `py-spy record` whose start-up (attach, read the interpreter's symbols)
 # costs ~20 ms of CPU, what ~45 samples cost (2-core box: 21.7 ms a start, 0.45 ms a sample on a
 # torch CPU job): at 2 s windows and 20 Hz half of py-spy's CPU is start-ups, at 5 s 30%, so
@@ -72,7 +72,7 @@ DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole secon
 # docs/benchmarks.md "H200 run 9"). What it
 # costs: after the warm-up the stacks of a window arrive up to 5 s after they were sampled, not
 # 2 s, so a change seen only in the stacks (a new wait, a stall of a job without the probe) is
-# named up to 3 s later. The first 20 s keep 2 s windows, so the first look at a job is as quick
+# named up to 3 s later. The warm-up keeps 2 s windows, so the first look at a job is as quick
 # as before. The windows still fit the processors': the budget's 20 s window holds >= 15 s of
 # stacks, a thread state's 10 s horizon one whole window plus its fold (gputop/agent/job.py:
 # widen_windows' rule, checked by tests/test_stacks_steady.py).
@@ -148,8 +148,8 @@ class StackSource(ThreadedSource):
         self.clock = clock
         self.target = target
         self.rate_hz = int(rate_hz)
-        # The window of the next py-spy run: window_s for warm_s after the first window began,
-        # then steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
+        # The window of the next py-spy run: window_s during the warm-up (``_warm``), then
+        # steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
         self.first_window_s = int(window_s)
         self.steady_window_s = max(self.first_window_s, int(steady_window_s))
         self.warm_s = float(warm_s)
@@ -217,9 +217,10 @@ class StackSource(ThreadedSource):
             "nonblocking": True,
         }
 
-    # -- Subscriber: the job's phase, on the derive thread (it only looks) -----------------------
+    # -- Subscriber: the job's phase. Called on whichever thread publishes (every source's, the
+    # derive thread's), so it only looks: one flag and one number, each written once. -------------
     def on_samples(self, samples: list[Sample]) -> None:
-        if self._training_since is not None:
+        if self._training_since is not None or self._warm_over:
             return
         for s in samples:
             if s.kind == KIND_PHASE and s.key == "main":
@@ -227,6 +228,9 @@ class StackSource(ThreadedSource):
                 since = s.data.get("training_since")
                 if isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since):
                     self._training_since = float(since)
+
+    def on_reset(self) -> None:
+        """(A bus reset is a replay's seek; a live source's job goes on: nothing to forget.)"""
 
     def _warm(self, mono: float) -> bool:
         """Whether the next main-process window is a warm-up one (``first_window_s``): for

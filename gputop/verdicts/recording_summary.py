@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import pathlib
 
 from gputop.derive.budget_processor import BudgetProcessor, budget_section
 from gputop.derive import report_partials
@@ -34,18 +33,41 @@ from gputop.verdicts.summary import summary_rows
 SUMMARY_VERDICT_KINDS = (KIND_VERDICT, KIND_VERDICT_PRIMARY, KIND_VERDICT_CHANGE)   # what verdicts/summary.py reads
 
 
+# The code a summary frame's verdicts and time budget come from: the derivations and rules, and
+# what the recorder's chain feeds them (the value checks, the chain, the kinds).
+RULES_CODE = ("derive/*.py", "verdicts/*.py", "session/summary_chain.py", "session/sanitize.py", "catalogue.py")
+
+
 @functools.lru_cache(maxsize=1)
 def rules_fingerprint() -> str:
-    """A digest of the code that turns samples into verdicts and the time budget (every module
-    of gputop/derive and gputop/verdicts): a summary frame's verdicts stand for a replay only
-    when the recorder ran this same code. Any edit changes it, a comment too; that costs a
-    replay (seconds for an hour), never a stale verdict. ~2 ms, once a process."""
-    root = pathlib.Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for pkg in ("derive", "verdicts"):
-        for f in sorted((root / pkg).glob("*.py")):
-            h.update(f"{pkg}/{f.name}\0".encode())
-            h.update(f.read_bytes())
+    """A digest of gputop's version and the source of ``RULES_CODE``: a summary frame's verdicts
+    stand for a replay only when the recorder ran this same code. Any edit changes it, a comment
+    too; that costs the report a replay of the verdicts (~17 s CPU for an hour), never a stale
+    verdict. Made once a process, at its first use: the recorder's at the start of a recording
+    (RecordingSummarizer), so that code upgraded on disk while it runs does not stamp the old
+    code's verdicts as the new. Where the source cannot be read (no .py files shipped, an I/O
+    error), a value no other process has: the frames' verdicts are then never trusted. ~2 ms."""
+    import fnmatch
+    import importlib.resources
+    import os
+
+    from gputop import __version__
+
+    h = hashlib.sha256(f"gputop {__version__}\0".encode())
+    n = 0
+    try:
+        root = importlib.resources.files("gputop")
+        for pattern in RULES_CODE:
+            folder, _, name = pattern.rpartition("/")
+            where = root.joinpath(folder) if folder else root
+            for f in sorted((f for f in where.iterdir() if fnmatch.fnmatch(f.name, name)), key=lambda f: f.name):
+                h.update(f"{folder}/{f.name}\0".encode())
+                h.update(f.read_bytes())
+                n += 1
+    except Exception:   # (a loader without files: never a reason to fail a report)
+        n = 0
+    if n == 0:
+        return f"unknown-{os.getpid()}-{os.urandom(6).hex()}"
     return h.hexdigest()[:16]
 
 
@@ -59,6 +81,7 @@ class RecordingSummarizer:
 
             processors = default_processors()
         self.processors = processors
+        self.rules = rules_fingerprint()   # the code judging now, at the recording's start
         self.stats = StatsPartial()
         self.verdicts: list[Sample] = []
         self.section_samples: list[Sample] = []   # of report_partials.SUMMARY_KINDS, as written
@@ -73,7 +96,7 @@ class RecordingSummarizer:
         for s in for_stats:
             self.stats.add(*s)
             if s[0] in report_partials.SUMMARY_KINDS:
-                self.section_samples.extend(report_partials.series_samples(*s))
+                self.section_samples.extend(report_partials.held_samples(*s))
         if bad:
             self.stats.add_bad(bad.counts, bad.reasons)
         self.chain.add_chunk(for_replay, t0, t1, clean=True)
@@ -90,7 +113,7 @@ class RecordingSummarizer:
     def finish(self) -> dict:
         self.chain.finish()
         chain = self.chain
-        final: dict = {"t_start": chain.t_start, "t_end": chain.t_end, "rules": rules_fingerprint()}
+        final: dict = {"t_start": chain.t_start, "t_end": chain.t_end, "rules": self.rules}
         budget = next((p for p in self.processors if isinstance(p, BudgetProcessor)), None)
         if budget is not None and chain.position is not None:
             final.update(budget_section(budget, chain.t_end))
