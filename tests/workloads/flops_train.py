@@ -73,6 +73,10 @@ bwd_x = sum(2 * B * i * o for i, o in layers[1:])           # input gradients, n
 out["mlp_flops"] = fwd + bwd_w + bwd_x
 ds = Flagged(torch.randn(B, dims[0]), torch.randint(0, 10, (B,)))
 loader = DataLoader(ds, batch_size=B, num_workers=1, multiprocessing_context="fork")
+# Each step of the first two phases also waits STEP_PAD_S, so that each phase lasts ~2 s: the
+# probe sends a window a second (WINDOW_S), and a phase shorter than that (0.3 s for the
+# transformer on an idle 2-core box) can end before any window carries its count.
+STEP_PAD_S = 0.1
 t0 = time.perf_counter()
 out["worker_saw_a_mode"] = False
 for _ in range(args.steps):
@@ -81,6 +85,7 @@ for _ in range(args.steps):
         nn.functional.cross_entropy(mlp(x), y).backward()
         opt.step()
         out["worker_saw_a_mode"] = out["worker_saw_a_mode"] or bool(flag.any())
+        time.sleep(STEP_PAD_S)
 out["mlp_step_ms"] = (time.perf_counter() - t0) / args.steps * 1000
 mark("mlp_done")
 
@@ -126,6 +131,7 @@ for (seq,) in DataLoader(TensorDataset(toks), batch_size=BT):
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, V), seq[:, 1:].reshape(-1))
     loss.backward()
     opt2.step()
+    time.sleep(STEP_PAD_S)
 mark("gpt_done")
 
 # -- phase 3: torch.compile in use, new shape: n/a -------------------------------------------------
