@@ -42,7 +42,7 @@ RULES_CODE = ("derive/*.py", "verdicts/*.py", "session/summary_chain.py", "sessi
 def rules_fingerprint() -> str:
     """A digest of gputop's version and the source of ``RULES_CODE``: a summary frame's verdicts
     stand for a replay only when the recorder ran this same code. Any edit changes it, a comment
-    too; that costs the report a replay of the verdicts (~17 s CPU for an hour), never a stale
+    too; that costs the report a replay of the verdicts (~20 s CPU for an hour), never a stale
     verdict. Made once a process, at its first use: the recorder's at the start of a recording
     (RecordingSummarizer), so that code upgraded on disk while it runs does not stamp the old
     code's verdicts as the new. Where the source cannot be read (no .py files shipped, an I/O
