@@ -85,3 +85,26 @@ def test_a_file_judged_by_other_rules_is_reported_with_todays():
     assert finals and "rules" not in finals[-1], "recorded by the older code"
     rep = _report("lightning-pid.gtrec")
     assert "stops" not in rep["verdicts"]["host_bound"]["summary"], rep["verdicts"]["host_bound"]["summary"]
+
+
+def test_the_time_budget_panel_says_of_the_stalls_what_the_verdicts_say():
+    """The UI's stall line (ui/panels/budget.stall_line) over every budget window of the real
+    files: the periodic stall in the verdicts' own words, and the GPU idle all along of the
+    Lightning loop as one state, never as "one stall of 3.5 s" (its stalls are three or more)."""
+    from gputop.ui.panels.budget import stall_line
+    from gputop.verdicts.budget_rules import _stall_text
+
+    lines = {}
+    for name in ("periodic_stall-pid.gtrec", "lightning-pid.gtrec"):
+        for s in _replay(name).samples:
+            if s.kind == "budget" and s.key == "window" and s.get("stalls"):
+                st = s.get("stalls")
+                line = stall_line(st)
+                lines.setdefault(name, []).append(line)
+                said = _stall_text({"stalls": st}, st["cause"])[0]
+                if said:
+                    assert line.startswith(said), (line, said)
+                if st.get("continuous") and st["count"] >= 2:
+                    assert line.startswith("GPU idle throughout"), line
+    assert any(" every " in x for x in lines["periodic_stall-pid.gtrec"])
+    assert any(x.startswith("GPU idle throughout") for x in lines["lightning-pid.gtrec"])

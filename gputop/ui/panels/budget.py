@@ -149,7 +149,11 @@ def stall_line(stalls) -> str | None:
         numbers = False
     # the verdicts' own words for it
     text = _stall_text({"stalls": stalls}, cause)[0] if numbers and cause else ""
-    if not text:
+    if not text and stalls.get("continuous") and stalls["count"] >= 2:
+        # idle nearly all the time sampled, cut only by py-spy's restarts: one state, which the
+        # verdicts name no stall length for (not "one stall of" a piece of it)
+        text = "GPU idle throughout, not in separate stalls"
+    elif not text:
         where = f" in {fmt.clean(stalls['frame'])}" if stalls.get("frame") else ""
         text = f"one stall of {fmt.num(stalls.get('duration_s'), ' s', 1)}{where}"
     extra = [bd.LABELS.get(cause, fmt.clean(cause))] if cause else []
