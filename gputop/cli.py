@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 
-from gputop.cli_args import (MAX_INTERVAL_S, MIN_INTERVAL_S, RECORDINGS_KEPT, RECORDINGS_MAX_BYTES,  # noqa: F401
+from gputop.cli_args import (DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S, RECORDINGS_KEPT, RECORDINGS_MAX_BYTES,  # noqa: F401
                              CliError, UsageError, _add_attach_options, _pid_arg, build_parser)
 
 LOGS_KEPT = 10
 
 def _check_attach_args(a: argparse.Namespace) -> None:
-    if not (MIN_INTERVAL_S <= a.interval <= MAX_INTERVAL_S):
+    if a.interval is not None and not (MIN_INTERVAL_S <= a.interval <= MAX_INTERVAL_S):
         raise UsageError(f"--interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} seconds, not {a.interval:g}")
     if a.headless:
         if a.duration is None:
@@ -57,14 +57,19 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
     from gputop.session.recording import Recorder, RecordingError, RecordingWriter
     from gputop.session.session import LiveSession, SessionClock, base_meta
     from gputop.sources.host import DEFAULT_INTERVAL_S as HOST_INTERVAL_S, HostSource
+    from gputop.sources.calm import JobCalm
     from gputop.sources.nvml import NvmlSource
 
     clock = SessionClock()
+    calm = JobCalm(clock)
     sources = [
-        NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval),
-        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval)),
+        calm,
+        # an interval the user chose is kept; the default one doubles while the job is calm
+        NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval or DEFAULT_INTERVAL_S,
+                   calm=calm if a.interval is None else None),
+        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or DEFAULT_INTERVAL_S)),
     ]
-    sources += _optional_sources(clock, target, a)
+    sources += _optional_sources(clock, target, a, calm)
     processors = _processors()
     meta = base_meta(clock, argv)
     meta["target"] = target.describe()
@@ -78,7 +83,7 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
     return session, target
 
 
-def _optional_sources(clock, target, a) -> list:
+def _optional_sources(clock, target, a, calm=None) -> list:
     """Sources that plug in when their module is part of this build."""
     out = []
     try:
@@ -86,7 +91,7 @@ def _optional_sources(clock, target, a) -> list:
     except ModuleNotFoundError:
         StackSource = None
     if StackSource is not None and not a.no_stacks:
-        out.append(StackSource(clock, target))
+        out.append(StackSource(clock, target, calm=calm))
     try:
         from gputop.sources.probe_client import ProbeClientSource
     except ModuleNotFoundError:

@@ -27,6 +27,7 @@ from gputop.sources.nvml import (
     GpmGate, NvmlSource, decode_clock_events, init_failure_message, is_permanent, jittered_gap,
     kbps_to_mibs, nvml_reason,
 )
+from gputop.sources.calm import CALM_INTERVAL_FACTOR, JobCalm
 from gputop.sources.target import Target
 
 
@@ -275,6 +276,13 @@ def test_gpm_never_sampled_closer_than_100ms_on_a_jittered_10hz_schedule():
     assert 0.5 < len(taken) / ticks < 0.8
 
 
+def test_while_calm_the_gpm_gate_waits_the_factor_longer():
+    gate = GpmGate()
+    gate.taken(10.0)
+    assert gate.due(10.0 + GPM_EVERY_S) and not gate.due(10.0 + GPM_EVERY_S, CALM_INTERVAL_FACTOR)
+    assert gate.due(10.0 + GPM_EVERY_S * CALM_INTERVAL_FACTOR, CALM_INTERVAL_FACTOR)
+
+
 def test_pcie_throughput_kb_is_taken_as_1000_bytes():
     assert kbps_to_mibs(1_048_576) == 1000.0
     assert kbps_to_mibs(0) == 0.0
@@ -322,3 +330,39 @@ def test_with_a_driver_the_contract_fields_arrive():
         assert with_gpm, "GPM supported but never sampled"
         assert min(s.data["gpm_window_s"] for s in with_gpm) >= GPM_EVERY_S >= GPM_MIN_GAP_S
         assert len(with_gpm) <= len(gpu) / 3, "GPM read more often than every GPM_EVERY_S"
+
+
+@needs_driver
+def test_with_a_driver_a_calm_job_is_sampled_at_half_the_rate_and_the_full_one_after_a_change():
+    """The fast loop and GPM at CALM_INTERVAL_FACTOR times their intervals while calm
+    (gputop/sources/calm.py), at 10 Hz again from the tick after the calm ends."""
+    clock = SessionClock()
+    calm = JobCalm(clock, after_s=0.0)
+    from gputop.catalogue import KIND_PHASE, KIND_VERDICT_CHANGE
+    from gputop.model import Sample
+
+    calm.on_samples([Sample(clock.now(), KIND_PHASE, "main", {"phase": "training", "since": 0.0})])
+    src = NvmlSource(clock, calm=calm)
+    got = Collect()
+    src.start(got)
+    try:
+        got.wait_for(KIND_GPU, timeout=10.0, n=3)
+        t0 = clock.now()
+        time.sleep(6.0)
+        t1 = clock.now()
+        calm.after_s = 1e9
+        calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "x", {"active": True})])
+        time.sleep(4.0)
+        t2 = clock.now()
+        health = got.of(KIND_HEALTH)
+    finally:
+        src.stop()
+    gpu = [s for s in got.of(KIND_GPU) if s.key == got.of(KIND_GPU)[0].key]
+    calm_n = sum(t0 <= s.t < t1 for s in gpu) / (t1 - t0)
+    full_n = sum(t1 + 0.5 <= s.t < t2 for s in gpu) / (t2 - t1 - 0.5)
+    assert 3.5 <= calm_n <= 6.5 and 8.0 <= full_n <= 12.0, (calm_n, full_n)
+    gpm = [s.t for s in gpu if t0 <= s.t < t1 and s.data["gpm_window_s"] is not None]
+    if gpm:
+        gaps = [b - a for a, b in zip(gpm, gpm[1:])]
+        assert min(gaps) >= GPM_EVERY_S * CALM_INTERVAL_FACTOR - 0.05, gaps
+    assert any(h.data.get("calm") for h in health) and health[-1].data["state"] == "ok", health[-1].data

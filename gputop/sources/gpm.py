@@ -35,8 +35,9 @@ class GpmGate:
         self.min_gap_s = max(GPM_MIN_GAP_S, float(min_gap_s))
         self.last: float | None = None
 
-    def due(self, now: float) -> bool:
-        return self.last is None or now - self.last >= self.min_gap_s
+    def due(self, now: float, factor: float = 1.0) -> bool:
+        """``factor``: the fast loop's interval factor now (2 while the job is calm)."""
+        return self.last is None or now - self.last >= self.min_gap_s * factor
 
     def taken(self, now: float) -> None:
         self.last = now
@@ -154,7 +155,7 @@ class GpmReadings:
         if gpm.t_old is None:  # no baseline yet (the first snapshot failed, or newly watched)
             self._gpm_snapshot(gpu, gpm, first=True)
             return None
-        if not gpm.gate.due(time.monotonic()):
+        if not gpm.gate.due(time.monotonic(), self._interval_factor):
             return None
         now = self._gpm_snapshot(gpu, gpm)
         if now is None:

@@ -34,6 +34,7 @@ import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
+from gputop.sources.calm import CALM_RATE_HZ
 from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
@@ -142,12 +143,18 @@ class StackSource(ThreadedSource):
     def __init__(self, clock, target, rate_hz: int = DEFAULT_RATE_HZ, window_s: int = DEFAULT_WINDOW_S,
                  kernel_rate_hz: float = DEFAULT_KERNEL_RATE_HZ,
                  subprocess_every: int = DEFAULT_SUBPROCESS_EVERY, pyspy: str | None = None,
-                 steady_window_s: int = STEADY_WINDOW_S, warm_s: float = WARM_S) -> None:
+                 steady_window_s: int = STEADY_WINDOW_S, warm_s: float = WARM_S, calm=None) -> None:
         if int(rate_hz) < 1 or int(window_s) < 1 or not kernel_rate_hz > 0:
             raise ValueError("rate_hz, window_s and kernel_rate_hz must be positive")
         self.clock = clock
         self.target = target
         self.rate_hz = int(rate_hz)
+        # While the job is calm (gputop/sources/calm.py: a JobCalm, or None for always the full
+        # rate), a steady window samples at CALM_RATE_HZ: py-spy's cost is ~1/3 start-up and ~2/3
+        # samples (above), so a 5 s window costs ~1/3 less.
+        self.calm = calm
+        self.calm_rate_hz = min(self.rate_hz, CALM_RATE_HZ)
+        self.window_rate_hz = self.rate_hz   # the rate asked of the window in flight (before the spread)
         # The window of the next py-spy run: window_s during the warm-up (``_warm``), then
         # steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
         self.first_window_s = int(window_s)
@@ -210,7 +217,8 @@ class StackSource(ThreadedSource):
     def describe(self) -> dict:
         return {
             "pyspy": self.pyspy_path, "pyspy_version": _vstr(self.pyspy_version) if self.pyspy_version else None,
-            "rate_hz": self.rate_hz, "window_s": self.first_window_s, "steady_window_s": self.steady_window_s,
+            "rate_hz": self.rate_hz, "calm_rate_hz": self.calm_rate_hz if self.calm is not None else None,
+            "window_s": self.first_window_s, "steady_window_s": self.steady_window_s,
             "warm_s": self.warm_s, "subprocess_every": self.subprocess_every,
             "kernel_rate_hz": self.kernel_rate_hz, "kernel_arch": platform.machine(),
             "gil_method": "futex wait on the Python runtime's static data (/proc/PID/task/TID/syscall)",
@@ -395,18 +403,22 @@ class StackSource(ThreadedSource):
                 pass
         # py-spy samples at a fixed period; a +-10% different rate per window (and a fresh start
         # phase each window) keeps it from locking onto a training step of the same period.
-        spread = max(1, round(self.rate_hz * 0.1))
-        rate = max(1, self.rate_hz + self._rng.randint(-spread, spread))
         mono = time.monotonic()
         if self._first_spawn is None:
             self._first_spawn = mono
+        warm = self._warm(mono)
+        # calm (gputop/sources/calm.py): the steady windows at the calm rate, never the warm-up's
+        base = self.calm_rate_hz if (not warm and self.calm is not None and self.calm.calm()) else self.rate_hz
+        self.window_rate_hz = base
+        spread = max(1, round(base * 0.1))
+        rate = max(1, base + self._rng.randint(-spread, spread))
         subs_every_s = self.subprocess_every * self.first_window_s
         subs = self.has_children and self.subprocess_every > 0 and (
             self.children_all_windows or self._subs_at is None or mono - self._subs_at >= subs_every_s - 0.5)
         if subs:
             self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
-        steady = not self._warm(mono) and not (subs and not self.children_all_windows)
+        steady = not warm and not (subs and not self.children_all_windows)
         length = self.steady_window_s if steady else self.first_window_s
         if steady and self.has_children and self.subprocess_every > 0 and not self.children_all_windows \
                 and self._subs_at is not None:
@@ -498,7 +510,7 @@ class StackSource(ThreadedSource):
         self._next_spawn = 0.0
         if self.behind_s:
             self.pyspy_state = "degraded"
-            self.pyspy_message = (f"py-spy fell {self.behind_s:.1f} s behind at {self.rate_hz} Hz "
+            self.pyspy_message = (f"py-spy fell {self.behind_s:.1f} s behind at {self.window_rate_hz} Hz "
                                   f"(effective {self.rate_eff} Hz): lower the stack rate")
         elif not procs:
             self.pyspy_state, self.pyspy_message = "degraded", "py-spy returned no threads in its last window"
@@ -526,7 +538,8 @@ class StackSource(ThreadedSource):
                 "GIL wait unknown: /proc/PID/task/*/syscall not readable (needs ptrace permission)")
         if not self.kernel.arch_known and state == "ok":
             state, message = "degraded", f"GIL wait unknown on {platform.machine()}: syscall table missing"
-        said = (state, message, self.window_s)   # a longer window is news: stall freshness reads it
+        # a longer window is news (stall freshness reads it), and so is a calm rate
+        said = (state, message, self.window_s, self.window_rate_hz)
         if not self._heartbeat.due(said, mono, force):
             return
         wall = mono
@@ -541,7 +554,8 @@ class StackSource(ThreadedSource):
         self._emit(Sample(now, KIND_HEALTH, self.name, health_data(
             state if state in ("ok", "degraded", "failed", "off") else "failed", message,
             rate_hz=self.rate_eff,
-            rate_requested_hz=self.rate_hz, window_s=self.window_s, windows=self.windows,
+            rate_requested_hz=self.window_rate_hz, calm=self.window_rate_hz < self.rate_hz,
+            window_s=self.window_s, windows=self.windows,
             restarts=self.restarts, last_error=self.last_error, behind_s=self.behind_s,
             pyspy=self.pyspy_path, pyspy_version=_vstr(self.pyspy_version) if self.pyspy_version else None,
             kernel_rate_hz=round(self.kernel_ticks / kt, 1) if kt and kt > 1 else None,

@@ -45,6 +45,8 @@ def sampler_line(snap: Snapshot) -> Text:
     rate, req = h.get("rate_hz"), h.get("rate_requested_hz")
     t.append("py-spy ", style="bold")
     t.append(f"{fmt.num(rate, ' Hz', 1)} of {fmt.num(req, ' Hz')}")
+    if h.get("calm"):
+        t.append(" (calm)", style="dim")
     if h.get("restarts"):
         t.append(f" · {h.get('restarts')} restarts", style="yellow")
     t.append(f" · kernel {fmt.num(h.get('kernel_rate_hz'), ' Hz')}")

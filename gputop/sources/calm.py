@@ -1,0 +1,81 @@
+"""Whether the watched job is *calm*: one phase for a minute, no verdict turning on or off, no
+stall. While it is, the stack source samples py-spy at ``CALM_RATE_HZ`` and the NVML fast loop
+at ``CALM_INTERVAL_FACTOR`` times its interval (gputop/sources/stacks.py, nvml.py): what watching
+costs then is spent on noticing a change, and anything that changes makes it unsettled again, so
+the next minute is sampled at the full rates.
+
+Why this trade (issue 14): the full rates buy the accuracy of a *first* judgement (a share near
+a verdict's threshold, a short stall's moments), and once a verdict has held for a minute the
+engine's hysteresis (ENTER_S, LEAVE_S, LEAVE_LEVEL in verdicts/engine.py) keeps it on through
+the extra noise of half the samples (a 25% share at 10 Hz over the 10 s thread-state window has
+4.3 points of binomial noise; the verdict leaves only below 80% of its 20% threshold for 5 s);
+if the noise did turn one off, that change itself brings the full rates back. A stall makes the
+loop unsettled from its first second (the stall detector's sample), so a stall's own stacks are
+sampled at the full rate from then on. What it costs: a change that shows only in the stacks
+(a new wait that no verdict names yet) is first judged on 10 Hz samples.
+
+It hears the derived samples on the bus (the budget processor's ``phase``, the stall detector's
+``stall``, the engine's ``verdict_change``): sources import no derive code, so only the kinds
+(gputop/catalogue.py) and their documented fields are read. ``on_samples`` runs on whichever
+thread publishes: it only writes two numbers and a tuple, each assignment atomic.
+"""
+
+from __future__ import annotations
+
+from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
+
+CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this long: calm
+CALM_RATE_HZ = 10          # py-spy's rate while calm (20 otherwise: stacks.DEFAULT_RATE_HZ)
+CALM_INTERVAL_FACTOR = 2   # the NVML fast loop's interval while calm (0.1 s -> 0.2 s)
+
+
+class JobCalm:
+    """A bus subscriber that says whether the job is calm now (``calm()``). It is listed with
+    the session's sources (it samples nothing: ``start``/``stop`` do nothing), so the session
+    subscribes it and the recording's meta describes it."""
+
+    name = "calm"
+
+    def __init__(self, clock, after_s: float = CALM_AFTER_S) -> None:
+        self.clock = clock
+        self.after_s = float(after_s)
+        self._phase: tuple | None = None     # (phase, since) of the last phase sample
+        self._changed_at: float | None = None  # session time of the last change; None: no phase yet
+        self.changes = 0
+
+    def on_samples(self, samples) -> None:
+        for s in samples:
+            kind = s.kind
+            if kind == KIND_PHASE:
+                if s.key != "main":
+                    continue
+                phase = (s.data.get("phase"), s.data.get("since"))
+                if phase != self._phase:
+                    self._phase = phase
+                    self._unsettle(s.t)
+            elif kind == KIND_VERDICT_CHANGE or (kind == KIND_STALL and s.data.get("stalled") is True):
+                self._unsettle(s.t)
+
+    def start(self, emit) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def on_reset(self) -> None:
+        """(A bus reset is a replay's seek; a live job goes on: nothing to forget.)"""
+
+    def _unsettle(self, t: float) -> None:
+        if self._changed_at is None or t > self._changed_at:
+            self._changed_at = t
+        self.changes += 1
+
+    def calm(self) -> bool:
+        """Calm now: a phase has been heard, and nothing changed for ``after_s``."""
+        at = self._changed_at
+        return at is not None and self._phase is not None and self._phase[0] is not None \
+            and self.clock.now() - at >= self.after_s
+
+    def describe(self) -> dict:
+        return {"after_s": self.after_s, "stack_rate_hz": CALM_RATE_HZ,
+                "gpu_interval_factor": CALM_INTERVAL_FACTOR}

@@ -1,0 +1,132 @@
+"""The calm state (gputop/sources/calm.py): what makes a job calm and what unsettles it, and the
+stack source's calm rate on a real process with the real py-spy."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
+from gputop.model import KIND_HEALTH, Sample
+from gputop.sources.calm import CALM_AFTER_S, CALM_RATE_HZ, JobCalm
+from gputop.sources.stacks import KIND_STACKS, StackSource
+from gputop.sources.target import Target
+
+from stacks_helpers import Clock, Proc, wait_for, workload
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+
+def _phase(t: float, phase: str | None = "training", since: float | None = 5.0) -> Sample:
+    return Sample(t, KIND_PHASE, "main", {"phase": phase, "since": since, "training_since": since})
+
+
+def test_a_job_is_calm_after_a_minute_of_one_phase_and_each_change_unsettles_it():
+    clock = _Clock()
+    calm = JobCalm(clock)
+    assert calm.after_s == CALM_AFTER_S == 60.0
+    assert not calm.calm(), "nothing heard: never calm (a session without phases samples at full rate)"
+    for t in range(6, 200, 10):   # the budget processor says the phase every 10 s
+        calm.on_samples([_phase(float(t))])
+    clock.t = 65.9
+    assert not calm.calm(), "59.9 s after the phase was first heard"
+    clock.t = 66.0
+    assert calm.calm()
+    # a stall detector's "not stalled" sample every second changes nothing; a stall does
+    calm.on_samples([Sample(70.0, KIND_STALL, "job", {"stalled": False})])
+    assert calm.calm()
+    calm.on_samples([Sample(70.0, KIND_STALL, "job", {"stalled": True, "reason": "idle"})])
+    clock.t = 129.9
+    assert not calm.calm()
+    clock.t = 130.0
+    assert calm.calm()
+    # a verdict turning on (or off)
+    calm.on_samples([Sample(131.0, KIND_VERDICT_CHANGE, "input_bound", {"active": True})])
+    clock.t = 190.0
+    assert not calm.calm()
+    clock.t = 191.0
+    assert calm.calm()
+    # the phase changing (a checkpoint), and changing back
+    calm.on_samples([_phase(192.0, "checkpointing", 192.0)])
+    calm.on_samples([_phase(195.0, "training", 195.0)])
+    clock.t = 254.9
+    assert not calm.calm()
+    clock.t = 255.0
+    assert calm.calm()
+    # another phase key (a rank's) is not the job's phase; a phase sample of no phase never calms
+    calm.on_samples([Sample(256.0, KIND_PHASE, "rank1", {"phase": "evaluation", "since": 256.0})])
+    assert calm.calm()
+    calm.on_samples([_phase(260.0, None, None)])
+    clock.t = 1000.0
+    assert not calm.calm()
+    assert calm.changes == 6
+
+
+def test_a_live_session_subscribes_the_calm_watch_listed_with_its_sources():
+    from gputop.session.session import LiveSession, SessionClock
+
+    clock = SessionClock()
+    calm = JobCalm(clock, after_s=0.0)
+    session = LiveSession([calm], clock, {})
+    session.bus.publish_many([_phase(clock.now())])
+    assert calm.calm()
+    assert session.describe_sources()["calm"]["stack_rate_hz"] == CALM_RATE_HZ
+
+
+def _windows(got: list) -> list[dict]:
+    return [s.data for s in got if s.kind == KIND_STACKS]
+
+
+def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_after_a_change():
+    """Real py-spy on a real process: the warm-up's windows at 20 Hz whatever the calm says, the
+    steady ones at 10 Hz while calm (fewer samples, the same span), 20 Hz again once a verdict
+    changed; health says the rate asked and that it is the calm one."""
+    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    clock = Clock()
+    calm = JobCalm(clock, after_s=0.0)
+    calm.on_samples([_phase(0.0)])
+    try:
+        p.first()
+        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=2, warm_s=2.0, calm=calm)
+        got: list = []
+        src.start(got.append)
+        try:
+            assert wait_for(lambda: sum(w["dur_s"] > 1.5 for w in _windows(got)) >= 2, 30)
+            calm.after_s = 1e9          # unsettled from the next change on
+            calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "gil_contention", {"active": True})])
+            n = len(_windows(got))
+            assert wait_for(lambda: len(_windows(got)) >= n + 3, 30)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    wins = _windows(got)
+    warm = [w for w in wins if w["dur_s"] < 1.5]
+    assert warm and all(18 <= w["rate_hz"] <= 22 for w in warm), "the warm-up is never calm"
+    calm_wins = [w for w in wins[:n] if w["dur_s"] > 1.5]
+    assert calm_wins and all(9 <= w["rate_hz"] <= 11 for w in calm_wins), [w["rate_hz"] for w in wins]
+    # what py-spy took matches the rate asked: about 10 samples a second of the main thread
+    for w in calm_wins:
+        main_n = max(th["n"] for th in w["threads"])
+        assert 0.6 * 9 * w["dur_s"] <= main_n <= 1.2 * 11 * w["dur_s"], (main_n, w["dur_s"])
+    # the window in flight at the change may still be a calm one; the ones after are full rate
+    after = wins[n + 1:]
+    assert after and all(18 <= w["rate_hz"] <= 22 for w in after), [w["rate_hz"] for w in wins]
+    health = [s.data for s in got if s.kind == KIND_HEALTH and s.key == "stacks" and "calm" in s.data]
+    assert any(h["calm"] and h["rate_requested_hz"] == CALM_RATE_HZ for h in health)
+    assert health[-1]["calm"] is False and health[-1]["rate_requested_hz"] == 20
+    assert src.describe()["calm_rate_hz"] == CALM_RATE_HZ
+
+
+def test_a_rate_below_the_calm_one_is_kept():
+    """The agent's 2 Hz stays 2 Hz: calm never raises a rate."""
+    src = StackSource(_Clock(), Target(1), rate_hz=2, calm=JobCalm(_Clock()))
+    assert src.calm_rate_hz == 2
+    assert StackSource(_Clock(), Target(1)).describe()["calm_rate_hz"] is None, "no calm watch: always full rate"
