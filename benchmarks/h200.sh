@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost monitors profile fixtures scenarios captures stacks launchcost probe ranks export real
+# Phases: env nvml host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -68,6 +68,19 @@ phase_monitors() {
       --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-28}" --nvitop-settle "${NVITOP_SETTLE:-4}" \
       --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
   tail -7 "$d/monitors.txt" | tee -a "$SUMMARY"
+  rm -f "$d"/*.gtrec
+}
+
+phase_steady() {
+  # issue 14, calm sampling: every monitor started at once on the GPU-bound loop and measured
+  # together from STEADY_SETTLE s after their start (default 100: past the warm-up and the minute
+  # the job must hold still to be calm), 6 windows of 15 s; BEFORE=TREE adds another checkout's
+  # headless gputop in the same windows
+  local d=$RES/steady; mkdir -p "$d"
+  timeout 420 $PY benchmarks/monitor_steady.py "$d" --scenario gpu_bound --settle "${STEADY_SETTLE:-100}" \
+      --window 15 --windows "${STEADY_WINDOWS:-6}" --monitors nvitop,nvitop_fast,headless,ui \
+      ${BEFORE:+--before "$BEFORE"} --label steady-gpu_bound > "$d/steady.txt" 2>&1
+  tail -8 "$d/steady.txt" | tee -a "$SUMMARY"
   rm -f "$d"/*.gtrec
 }
 

@@ -51,7 +51,8 @@ def _start(name: str, pid: int, outdir: str, before: str | None) -> tuple:
     env = dict(os.environ)
     cwd = None
     if name == "headless_before":
-        env["PYTHONPATH"] = before
+        # first, before this checkout (and whatever else the environment needs: the H200's wheels)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (before, env.get("PYTHONPATH")) if x)
         cwd = before
     pty = Pty() if base != "headless" else None
     if pty is not None:
