@@ -27,6 +27,7 @@ from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this long: calm
 CALM_RATE_HZ = 10          # py-spy's rate while calm (20 otherwise: stacks.DEFAULT_RATE_HZ)
 CALM_INTERVAL_FACTOR = 2   # the NVML fast loop's interval while calm (0.1 s -> 0.2 s)
+_HEARD = frozenset((KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE))
 
 
 class JobCalm:
@@ -44,8 +45,10 @@ class JobCalm:
         self.changes = 0
 
     def on_samples(self, samples) -> None:
-        for s in samples:
+        for s in samples:   # every sample of the session passes here: one set lookup for most
             kind = s.kind
+            if kind not in _HEARD:
+                continue
             if kind == KIND_PHASE:
                 if s.key != "main":
                     continue

@@ -1,0 +1,74 @@
+"""Real training code recorded on the H200 with calm sampling (tests/data/h200/calm/: `bash
+benchmarks/h200.sh real` with REAL_SECS=140, run 11): a Hugging Face Trainer and a Lightning loop,
+each calm from ~83 s on (a minute after their verdict turned on), so their last ~55 s hold py-spy
+windows at 10 Hz and GPU samples at 5 Hz. The verdict holds through the calm part, judged again
+with today's rules, and the time budget still sums to 100%."""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import pytest
+
+from gputop.catalogue import KIND_GPU, KIND_HEALTH
+from gputop.demo.workload import SCENARIOS
+from gputop.derive.budget import CATEGORIES
+from gputop.session.recording_reader import RecordingReader
+from gputop.session.whole_replay import replay_whole
+from gputop.sources.calm import CALM_RATE_HZ
+from gputop.sources.stacks import KIND_STACKS
+from gputop.verdicts import default_processors
+
+CALM = pathlib.Path(__file__).resolve().parent / "data" / "h200" / "calm"
+RECORDINGS = sorted(p.name for p in CALM.glob("*.gtrec"))
+
+
+@functools.lru_cache(maxsize=None)
+def _samples(name: str) -> list:
+    return RecordingReader(str(CALM / name)).all_samples()
+
+
+@functools.lru_cache(maxsize=None)
+def _replay(name: str):
+    return replay_whole(str(CALM / name), default_processors(), kinds={"budget", "verdict_primary"})
+
+
+def _calm_since(name: str) -> float:
+    said = [(s.t, s.get("calm")) for s in _samples(name) if s.kind == KIND_HEALTH and s.key == "stacks"
+            and s.get("calm") is not None]
+    first = next(t for t, c in said if c)
+    assert all(c for t, c in said if t >= first), "calm once, calm to the end (nothing changed)"
+    return first
+
+
+def test_the_files_were_recorded_calm():
+    assert RECORDINGS == ["hf_trainer-pid.gtrec", "lightning-pid.gtrec"]
+    for name in RECORDINGS:
+        since = _calm_since(name)
+        end = max(s.t for s in _samples(name))
+        assert 70 <= since <= 100 and end - since >= 40, (name, since, end)
+        main = [s for s in _samples(name) if s.kind == KIND_STACKS and s.get("main")]
+        calm = [s for s in main if s.get("t0") >= since + 1]
+        assert len(calm) >= 5 and all(abs(s.get("rate_hz") - CALM_RATE_HZ) <= 1 for s in calm), name
+        before = [s for s in main if s.t < since - 5]
+        assert all(s.get("rate_hz") >= 18 for s in before), name
+        gpu = [s.t for s in _samples(name) if s.kind == KIND_GPU and s.t >= since + 2]
+        rate = (len(gpu) - 1) / (gpu[-1] - gpu[0])
+        assert 4.0 <= rate <= 6.0, (name, rate)
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_verdict_holds_through_the_calm_part(name):
+    expect = SCENARIOS[name.split("-")[0]].expect
+    since = _calm_since(name)
+    primary = [s for s in _replay(name).samples if s.kind == "verdict_primary" and s.t >= since]
+    assert len(primary) >= 40
+    right = sum(s.get("id") == expect for s in primary)
+    assert right == len(primary), [(s.t, s.get("id")) for s in primary if s.get("id") != expect]
+    windows = [s for s in _replay(name).samples if s.kind == "budget" and s.key == "window" and s.t >= since]
+    assert len(windows) >= 40
+    for s in windows:
+        shares = s.get("shares")
+        assert set(shares) == set(CATEGORIES)
+        assert abs(sum(v for v in shares.values() if v is not None) - 1.0) <= 0.02, (s.t, shares)
