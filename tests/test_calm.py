@@ -7,13 +7,14 @@ import pytest
 
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 from gputop.model import KIND_HEALTH, Sample
-from gputop.sources.calm import CALM_AFTER_S, CALM_RATE_HZ, JobCalm
+from gputop.sources.calm import CALM_AFTER_S, CALM_FACTOR, JobCalm
 from gputop.sources.stacks import KIND_STACKS, StackSource
 from gputop.sources.target import Target
 
 from stacks_helpers import Clock, Proc, wait_for, workload
 
 pytestmark = pytest.mark.timeout(60)
+CALM_RATE_HZ = 20 // CALM_FACTOR   # of the default 20 Hz
 
 
 class _Clock:
@@ -77,7 +78,7 @@ def test_a_live_session_subscribes_the_calm_watch_listed_with_its_sources():
     session = LiveSession([calm], clock, {})
     session.bus.publish_many([_phase(clock.now())])
     assert calm.calm()
-    assert session.describe_sources()["calm"]["stack_rate_hz"] == CALM_RATE_HZ
+    assert session.describe_sources()["calm"]["factor"] == CALM_FACTOR == 2
 
 
 def _windows(got: list) -> list[dict]:
@@ -108,25 +109,29 @@ def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_a
     finally:
         p.kill()
     wins = _windows(got)
-    warm = [w for w in wins if w["dur_s"] < 1.5]
+    warm = [w for w in wins if w["dur_s"] < 1.2]   # 1 s windows (a steady 2 s one py-spy began late is neither)
     assert warm and all(18 <= w["rate_hz"] <= 22 for w in warm), "the warm-up is never calm"
     calm_wins = [w for w in wins[:n] if w["dur_s"] > 1.5]
     assert calm_wins and all(9 <= w["rate_hz"] <= 11 for w in calm_wins), [w["rate_hz"] for w in wins]
+    # each says so: its samples stand for CALM_FACTOR of the full rate's where samples are counted
+    assert all(w["calm_factor"] == CALM_FACTOR for w in calm_wins)
+    assert all("calm_factor" not in w for w in warm)
     # what py-spy took matches the rate asked: about 10 samples a second of the main thread
     for w in calm_wins:
         main_n = max(th["n"] for th in w["threads"])
         assert 0.6 * 9 * w["dur_s"] <= main_n <= 1.2 * 11 * w["dur_s"], (main_n, w["dur_s"])
     # the window in flight at the change may still be a calm one; the ones after are full rate
     after = wins[n + 1:]
-    assert after and all(18 <= w["rate_hz"] <= 22 for w in after), [w["rate_hz"] for w in wins]
+    assert after and all(18 <= w["rate_hz"] <= 22 and "calm_factor" not in w for w in after), \
+        [w["rate_hz"] for w in wins]
     health = [s.data for s in got if s.kind == KIND_HEALTH and s.key == "stacks" and "calm" in s.data]
     assert any(h["calm"] and h["rate_requested_hz"] == CALM_RATE_HZ for h in health)
     assert health[-1]["calm"] is False and health[-1]["rate_requested_hz"] == 20
     assert src.describe()["calm_rate_hz"] == CALM_RATE_HZ
 
 
-def test_a_rate_below_the_calm_one_is_kept():
-    """The agent's 2 Hz stays 2 Hz: calm never raises a rate."""
-    src = StackSource(_Clock(), Target(1), rate_hz=2, calm=JobCalm(_Clock()))
-    assert src.calm_rate_hz == 2
+def test_a_rate_the_factor_does_not_divide_is_kept():
+    """py-spy takes a whole number of Hz."""
+    assert StackSource(_Clock(), Target(1), rate_hz=5, calm=JobCalm(_Clock())).calm_rate_hz == 5
+    assert StackSource(_Clock(), Target(1), rate_hz=20, calm=JobCalm(_Clock())).calm_rate_hz == CALM_RATE_HZ
     assert StackSource(_Clock(), Target(1)).describe()["calm_rate_hz"] is None, "no calm watch: always full rate"

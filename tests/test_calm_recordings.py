@@ -2,12 +2,15 @@
 benchmarks/h200.sh real` with REAL_SECS=140, run 11): a Hugging Face Trainer and a Lightning loop,
 each calm from ~83 s on (a minute after their verdict turned on), so their last ~55 s hold py-spy
 windows at 10 Hz and GPU samples at 5 Hz. The verdict holds through the calm part, judged again
-with today's rules, and the time budget still sums to 100%."""
+with today's rules, and the time budget still sums to 100%. (They were recorded before the stack
+source wrote a calm window's ``calm_factor``: replayed, their calm windows count as full-rate
+ones, which is what their verdicts held on.)"""
 
 from __future__ import annotations
 
 import functools
 import pathlib
+from collections import Counter
 
 import pytest
 
@@ -16,7 +19,7 @@ from gputop.demo.workload import SCENARIOS
 from gputop.derive.budget import CATEGORIES
 from gputop.session.recording_reader import RecordingReader
 from gputop.session.whole_replay import replay_whole
-from gputop.sources.calm import CALM_RATE_HZ
+from gputop.sources.calm import CALM_FACTOR
 from gputop.sources.stacks import KIND_STACKS
 from gputop.verdicts import default_processors
 
@@ -50,7 +53,7 @@ def test_the_files_were_recorded_calm():
         assert 70 <= since <= 100 and end - since >= 40, (name, since, end)
         main = [s for s in _samples(name) if s.kind == KIND_STACKS and s.get("main")]
         calm = [s for s in main if s.get("t0") >= since + 1]
-        assert len(calm) >= 5 and all(abs(s.get("rate_hz") - CALM_RATE_HZ) <= 1 for s in calm), name
+        assert len(calm) >= 5 and all(abs(s.get("rate_hz") - 20 // CALM_FACTOR) <= 1 for s in calm), name
         before = [s for s in main if s.t < since - 5]
         assert all(s.get("rate_hz") >= 18 for s in before), name
         gpu = [s.t for s in _samples(name) if s.kind == KIND_GPU and s.t >= since + 2]
@@ -72,3 +75,28 @@ def test_the_verdict_holds_through_the_calm_part(name):
         shares = s.get("shares")
         assert set(shares) == set(CATEGORIES)
         assert abs(sum(v for v in shares.values() if v is not None) - 1.0) <= 0.02, (s.t, shares)
+
+
+def test_a_calm_windows_samples_count_twice_where_samples_are_counted():
+    """Hot frames and thread states count samples: a calm window's (half the rate) stand for
+    twice as many of the full rate, so a calm second weighs what a full-rate second does in a
+    share over a span that mixes both (the report's stacks section over a long recording)."""
+    from dataclasses import replace
+
+    from gputop.derive.hot_frames import HotCounts
+    from gputop.derive.thread_samples import _classify_sample
+
+    name = RECORDINGS[0]
+    # (these files were recorded before the stack source wrote its calm windows' factor)
+    since = _calm_since(name)
+    plain = next(s for s in _samples(name) if s.kind == KIND_STACKS and s.get("main") and s.get("t0") > since)
+    calm = replace(plain, data={**plain.data, "calm_factor": CALM_FACTOR})
+    a, b = HotCounts(), HotCounts()
+    a.add_sample(calm)
+    b.add_sample(plain)
+    assert a.n_all == 2 * b.n_all > 0
+    assert a.self_n == Counter({k: 2 * v for k, v in b.self_n.items()})
+    weighted, unweighted = _classify_sample(calm), _classify_sample(plain)
+    assert set(weighted) == set(unweighted)
+    for tid, (_name, n, cats, _leaf, _worker) in weighted.items():
+        assert n == 2 * unweighted[tid][1] and cats == Counter({k: 2 * v for k, v in unweighted[tid][2].items()})

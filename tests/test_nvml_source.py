@@ -27,7 +27,7 @@ from gputop.sources.nvml import (
     GpmGate, NvmlSource, decode_clock_events, init_failure_message, is_permanent, jittered_gap,
     kbps_to_mibs, nvml_reason,
 )
-from gputop.sources.calm import CALM_INTERVAL_FACTOR, JobCalm
+from gputop.sources.calm import CALM_FACTOR, JobCalm
 from gputop.sources.target import Target
 
 
@@ -279,8 +279,32 @@ def test_gpm_never_sampled_closer_than_100ms_on_a_jittered_10hz_schedule():
 def test_while_calm_the_gpm_gate_waits_the_factor_longer():
     gate = GpmGate()
     gate.taken(10.0)
-    assert gate.due(10.0 + GPM_EVERY_S) and not gate.due(10.0 + GPM_EVERY_S, CALM_INTERVAL_FACTOR)
-    assert gate.due(10.0 + GPM_EVERY_S * CALM_INTERVAL_FACTOR, CALM_INTERVAL_FACTOR)
+    assert gate.due(10.0 + GPM_EVERY_S) and not gate.due(10.0 + GPM_EVERY_S, CALM_FACTOR)
+    assert gate.due(10.0 + GPM_EVERY_S * CALM_FACTOR, CALM_FACTOR)
+
+
+def test_health_judges_the_loops_rate_against_its_interval_now_and_not_across_a_change():
+    """Calm doubles the fast loop's interval (sources/calm.py): a loop at 5 Hz is on plan while
+    calm, and right after the calm ends its last 5 s still hold the calm ticks, so nothing is said
+    until a whole HEALTH_EVERY_S at the full rate; a loop far below its plan is reported, calm
+    or not."""
+    def health_after(ticks_hz: float, factor: float, changed_ago: float) -> dict:
+        src = NvmlSource(SessionClock())
+        got = Collect()
+        src._emit = got
+        now = time.monotonic()
+        src._ticks.extend(now - k / ticks_hz for k in range(int(6 * ticks_hz), -1, -1))
+        src._interval_factor, src._factor_changed_at = factor, now - changed_ago
+        src._update_health(force=True)
+        return got.of(KIND_HEALTH)[-1].data
+
+    slow = "sampling slower than planned"
+    assert slow not in health_after(5.0, 2.0, 60.0)["message"], "calm at 5 Hz: on plan"
+    assert health_after(5.0, 2.0, 60.0)["calm"] is True
+    assert slow not in health_after(5.0, 1.0, 1.0)["message"], "the calm just ended"
+    assert slow in health_after(4.0, 1.0, 60.0)["message"]
+    assert slow in health_after(2.0, 2.0, 60.0)["message"], "a calm loop far below its plan"
+    assert health_after(10.0, 1.0, 60.0)["calm"] is False
 
 
 def test_pcie_throughput_kb_is_taken_as_1000_bytes():
@@ -334,7 +358,7 @@ def test_with_a_driver_the_contract_fields_arrive():
 
 @needs_driver
 def test_with_a_driver_a_calm_job_is_sampled_at_half_the_rate_and_the_full_one_after_a_change():
-    """The fast loop and GPM at CALM_INTERVAL_FACTOR times their intervals while calm
+    """The fast loop and GPM at CALM_FACTOR times their intervals while calm
     (gputop/sources/calm.py), at 10 Hz again from the tick after the calm ends."""
     clock = SessionClock()
     calm = JobCalm(clock, after_s=0.0)
@@ -364,5 +388,5 @@ def test_with_a_driver_a_calm_job_is_sampled_at_half_the_rate_and_the_full_one_a
     gpm = [s.t for s in gpu if t0 <= s.t < t1 and s.data["gpm_window_s"] is not None]
     if gpm:
         gaps = [b - a for a, b in zip(gpm, gpm[1:])]
-        assert min(gaps) >= GPM_EVERY_S * CALM_INTERVAL_FACTOR - 0.05, gaps
+        assert min(gaps) >= GPM_EVERY_S * CALM_FACTOR - 0.05, gaps
     assert any(h.data.get("calm") for h in health) and health[-1].data["state"] == "ok", health[-1].data

@@ -4,6 +4,7 @@ on: on the real moments of an H200 loop that checkpoints (torch.save) every few 
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -81,3 +82,38 @@ def test_a_window_of_about_40_moments_is_one_span(moments):
     proc._judge_moments(moments[:79], moments[78].t, [])
     proc._judge_moments(moments[100:180], moments[179].t, [])
     assert calls == [79, 40, 40]
+
+
+def test_a_calm_window_is_judged_in_spans_of_the_same_time(moments):
+    """Windows sampled at the calm rate (gputop/sources/calm.py: half the moments in the same
+    time, each twice as long) are cut into spans as long as a full-rate window's: the real loop
+    of three checkpoints, judged in 5 s windows, gets the same phases and seconds as at 20 Hz.
+    Cut by the full rate's count (a calm 5 s window judged whole), they came out different."""
+    half = [dataclasses.replace(m, dt=m.dt * 2) for m in moments[::2]]
+
+    def judged(ms, per_s: int, span_moments: int):
+        proc = BudgetProcessor()
+        two_s, start = 2 * per_s, 9 * per_s          # start-up as 2 s windows, then 5 s ones
+        for i in range(0, start, two_s):
+            w = ms[i:min(i + two_s, start)]
+            proc._judge_moments(w, w[-1].t + w[-1].dt / 2, [], span_moments)
+        for i in range(start, len(ms), 5 * per_s):
+            w = ms[i:i + 5 * per_s]
+            proc._judge_moments(w, w[-1].t + w[-1].dt / 2, [], span_moments)
+        return _seconds_by_phase(proc), proc.tracker.changes
+
+    full = judged(moments, 20, bp.PHASE_SPAN_MOMENTS)
+    assert full[0][ph.CHECKPOINTING] > 5 and len(full[1]) >= 7, full
+    calm = judged(half, 10, bp.PHASE_SPAN_MOMENTS // 2)
+    assert calm[0] == pytest.approx(full[0], abs=0.05) and [p for _, p in calm[1]] == [p for _, p in full[1]]
+    unweighted = judged(half, 10, bp.PHASE_SPAN_MOMENTS)
+    assert [p for _, p in unweighted[1]] != [p for _, p in full[1]], "the bug the weight fixes"
+
+
+def test_a_calm_windows_weight_is_its_calm_factor_and_nothing_else():
+    from gputop.derive.thread_samples import window_weight
+
+    assert window_weight({"calm_factor": 2}) == 2
+    for bad in (None, 0, -2, 2.0, True, "2", 10 ** 6):
+        assert window_weight({"calm_factor": bad}) == 1, bad
+    assert window_weight({}) == 1

@@ -28,6 +28,7 @@ from gputop.derive.moments import SETTLE_S, GpuBusy, MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
 from gputop.derive.stalls import describe, find_stalls
 from gputop.derive.steps import pool_steps
+from gputop.derive.thread_samples import window_weight
 from gputop.model import Sample
 
 WINDOW_S = 20.0          # long enough to see a stall that comes back every few seconds
@@ -168,12 +169,14 @@ class BudgetProcessor:
         dur = float(dur) if type(dur) in (int, float) and 0 < dur < 600 else 2.0
         ms, _src = self.builder.moments(store, pid, s.t - dur - 0.5, now, gpus)
         ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
-        return self._judge_moments(ms, s.t, probe)
+        # a calm window (half the rate: sources/calm.py) has half the moments in the same time:
+        # its spans are as long as a full-rate window's, so a 1 s checkpoint fills the same share
+        return self._judge_moments(ms, s.t, probe, max(1, PHASE_SPAN_MOMENTS // window_weight(s.data)))
 
-    def _judge_moments(self, ms: list[Moment], t_end: float, probe) -> bool:
+    def _judge_moments(self, ms: list[Moment], t_end: float, probe, span_moments: int | None = None) -> bool:
         changed = False
         t0 = ms[0].t - ms[0].dt / 2 if ms else t_end
-        n_spans = max(1, len(ms) // PHASE_SPAN_MOMENTS)
+        n_spans = max(1, len(ms) // (span_moments or PHASE_SPAN_MOMENTS))
         cuts = [len(ms) * k // n_spans for k in range(n_spans + 1)]
         edges = [t0] + [ms[c].t - ms[c].dt / 2 for c in cuts[1:-1]] + [t_end]
         for k in range(n_spans):

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Callable
 
 from gputop.catalogue import KIND_STACKS
+from gputop.derive.thread_samples import window_weight
 
 
 def tid_key(tid) -> int | str:
@@ -36,9 +37,10 @@ class HotCounts:
         self.lines: dict[tuple, Counter] = {}
         self.n_all = 0
 
-    def add_thread(self, frames: list, th: dict, keys: list | None = None) -> None:
+    def add_thread(self, frames: list, th: dict, keys: list | None = None, weight: int = 1) -> None:
         """One thread entry of a stacks sample (``frames``: the sample's frame table; ``keys``:
-        its ``frame_keys``, made once for all of the sample's threads)."""
+        its ``frame_keys``, made once for all of the sample's threads; ``weight``: its window's,
+        thread_samples.window_weight)."""
         if keys is None:
             keys = frame_keys(frames)
         nf = len(keys)
@@ -50,6 +52,7 @@ class HotCounts:
                 continue
             if count <= 0:
                 continue
+            count *= weight
             self.n_all += count
             # each function once per stack, in the order first seen (ties in the table keep it)
             for fkey in dict.fromkeys(keys[i] for i in stack if 0 <= i < nf and keys[i] is not None):
@@ -73,9 +76,10 @@ class HotCounts:
         if not isinstance(frames, list) or not isinstance(threads, list):
             return
         keys = frame_keys(frames)
+        weight = window_weight(s.data)
         for th in threads:
             if isinstance(th, dict) and (want is None or want(spid, th)):
-                self.add_thread(frames, th, keys)
+                self.add_thread(frames, th, keys, weight)
 
     def merge(self, o: "HotCounts") -> None:
         """Add ``o``, the counts of later samples."""

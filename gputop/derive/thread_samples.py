@@ -19,6 +19,18 @@ from gputop.model import Sample
 _K = {c: i for i, c in enumerate(WAIT_CLASSES)}
 
 
+MAX_WEIGHT = 20   # a window's weight beyond this is not what a stack source writes: taken as 1
+
+
+def window_weight(data: dict) -> int:
+    """How many samples of the full rate each sample of this stacks window stands for: its
+    ``calm_factor`` (a window sampled at the calm rate, gputop/sources/calm.py), else 1. Where
+    samples are counted (thread states, hot frames), a calm second then weighs what a full-rate
+    second does, so a long recording's shares stay shares of time."""
+    w = data.get("calm_factor")
+    return w if type(w) is int and 1 <= w <= MAX_WEIGHT else 1
+
+
 def _num(x) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
         return None
@@ -86,6 +98,7 @@ def _classify_sample(s: Sample) -> dict:
         return out
     if not isinstance(code, dict):
         code = {}
+    weight = window_weight(s.data)
     frames = [f if isinstance(f, list) and len(f) >= 3 and isinstance(f[0], str) and isinstance(f[1], str)
               else ["?", "", 0] for f in frames]
     names = [(f[0], f[1]) for f in frames]
@@ -108,6 +121,7 @@ def _classify_sample(s: Sample) -> dict:
                 continue
             if count <= 0:
                 continue
+            count *= weight
             leaf_code = code.get(str(stack[-1])) if stack else None
             cat, in_worker = _stack_class(frames, names, stack, leaf_code if isinstance(leaf_code, str) else None)
             cats[cat] += count
@@ -118,8 +132,8 @@ def _classify_sample(s: Sample) -> dict:
             worker = worker or in_worker
         dropped = th.get("dropped")
         if isinstance(dropped, int) and dropped > 0:
-            cats[fr.UNKNOWN] += dropped
-            n += dropped
+            cats[fr.UNKNOWN] += dropped * weight
+            n += dropped * weight
         name = th.get("name") if isinstance(th.get("name"), str) else None
         out[tid] = (name, n, cats, leaf, worker)
     return out

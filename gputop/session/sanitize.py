@@ -76,7 +76,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "proc_info": _table(list_of_str="cmdline", str="name role user", number="create_time ppid"),
     "rank": _table(str="gpu_hint name node rank_var source state why cuda_visible_devices",
                    number="launcher_pid local_rank local_world_size pid rank restart_count world_size"),
-    "stacks": _table(dict="code", number="dur_s rate_hz t0", list="frames threads", bool="main subprocesses"),
+    "stacks": _table(dict="code", number="calm_factor dur_s rate_hz t0", list="frames threads",
+                     bool="main subprocesses"),
     "system": {},                                             # all numbers
     "target": _table(str="command state", number="exit_t pid", bool="python"),
     "thread": _table(str="name state"),                       # the rest are numbers

@@ -1,6 +1,6 @@
 """Whether the watched job is *calm*: one phase for a minute, no verdict turning on or off, no
-stall. While it is, the stack source samples py-spy at ``CALM_RATE_HZ`` and the NVML fast loop
-at ``CALM_INTERVAL_FACTOR`` times its interval (gputop/sources/stacks.py, nvml.py): what watching
+stall. While it is, the stack source samples py-spy and the NVML fast loop at ``CALM_FACTOR``
+times fewer samples a second (gputop/sources/stacks.py, nvml.py): what watching
 costs then is spent on noticing a change, and anything that changes makes it unsettled again, so
 the next minute is sampled at the full rates.
 
@@ -25,9 +25,15 @@ from __future__ import annotations
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 
 CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this long: calm
-CALM_RATE_HZ = 10          # py-spy's rate while calm (20 otherwise: stacks.DEFAULT_RATE_HZ)
-CALM_INTERVAL_FACTOR = 2   # the NVML fast loop's interval while calm (0.1 s -> 0.2 s)
+# While calm, py-spy's rate is divided by this (20 -> 10 Hz) and the NVML fast loop's interval and
+# GPM's gap multiplied by it (0.1 -> 0.2 s, 0.5 -> 1 s). A calm py-spy window says so with its
+# ``calm_factor``: each of its samples stands for that many of the full rate where samples are
+# counted (derive/thread_samples.py: window_weight).
+CALM_FACTOR = 2
 _HEARD = frozenset((KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE))
+# what a calm source's health adds to its line in the UI's Sources view
+CALM_NOTE = (f"calm: half the usual sampling rate while the job holds still (one phase, no verdict change "
+             f"and no stall for {CALM_AFTER_S:.0f} s)")
 
 
 class JobCalm:
@@ -80,5 +86,4 @@ class JobCalm:
             and self.clock.now() - at >= self.after_s
 
     def describe(self) -> dict:
-        return {"after_s": self.after_s, "stack_rate_hz": CALM_RATE_HZ,
-                "gpu_interval_factor": CALM_INTERVAL_FACTOR}
+        return {"after_s": self.after_s, "factor": CALM_FACTOR}

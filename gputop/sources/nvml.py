@@ -42,7 +42,7 @@ from gputop.model import (
     HEALTH_DEGRADED, HEALTH_FAILED, HEALTH_OK, KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, Sample, health_data,
 )
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
-from gputop.sources.calm import CALM_INTERVAL_FACTOR
+from gputop.sources.calm import CALM_FACTOR
 # Re-exported: importers of the source's names (tests, benchmarks, the UI's help) find them here.
 from gputop.sources.gpm import GPM_MIN_GAP_S, GpmGate, GpmReadings, _Gpm  # noqa: F401
 from gputop.sources.nvml_errors import (  # noqa: F401
@@ -98,11 +98,12 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                  calm=None) -> None:
         self.clock = clock
         # While the job is calm (gputop/sources/calm.py: a JobCalm, or None for always the set
-        # interval), the fast loop and GPM sample CALM_INTERVAL_FACTOR times less often: every
+        # interval), the fast loop and GPM sample CALM_FACTOR times less often: every
         # GPU sample costs its NVML calls here and then its store insert, recording and
         # processing, ~1.5 ms of CPU on the H200 at 10 Hz (benchmarks/cpu_profile.py).
         self.calm = calm
         self._interval_factor = 1.0
+        self._factor_changed_at = -math.inf   # monotonic: the last change of the factor
         self.target = target
         self.gpu_indices = sorted(set(gpu_indices)) if gpu_indices else None
         self.interval_s = max(0.02, float(interval_s))
@@ -154,7 +155,7 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                           "jitter": f"shifted exponential, mean = interval, within "
                                     f"[{JITTER_FLOOR}, {JITTER_CAP}] x interval",
                           "gpm_min_gap_s": GPM_MIN_GAP_S, "gpm_every_s": GPM_EVERY_S,
-                          "calm_interval_factor": CALM_INTERVAL_FACTOR if self.calm is not None else None},
+                          "calm_interval_factor": CALM_FACTOR if self.calm is not None else None},
             }
         return out
 
@@ -408,7 +409,9 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                 return
             start = time.monotonic()
             t = self.clock.now()
-            self._interval_factor = float(CALM_INTERVAL_FACTOR) if self.calm is not None and self.calm.calm() else 1.0
+            factor = float(CALM_FACTOR) if self.calm is not None and self.calm.calm() else 1.0
+            if factor != self._interval_factor:
+                self._interval_factor, self._factor_changed_at = factor, start
             for gpu in self._watched():
                 if gpu.lost:
                     continue
@@ -479,16 +482,18 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
             problems.append("NVML errors in the last 5 s: "
                             + "; ".join(f"GPU {gpu} {call}: {reason} x{n}" for (gpu, call, reason), n in worst))
         nominal = 1.0 / (self.interval_s * self._interval_factor)
-        if rate is not None and rate < 0.5 * nominal and self._interval_factor == 1.0:
+        # the rate is measured over the last HEALTH_EVERY_S: not across a change of the interval
+        if rate is not None and rate < 0.5 * nominal and now - self._factor_changed_at >= HEALTH_EVERY_S:
             problems.append(f"sampling slower than planned ({rate:g} of {nominal:g} Hz): the machine is busy")
         state = HEALTH_DEGRADED if problems else HEALTH_OK
         message = "; ".join(problems) if problems else self._ok_message(watched)
-        if not self._heartbeat.due((state, message), now, force):
+        calm = self._interval_factor > 1.0
+        if not self._heartbeat.due((state, message, calm), now, force):
             return
         with self._lock:
             self._state, self._health = state, (state, message)
-            self._heartbeat.mark(self._health, now)
-        self._publish(KIND_HEALTH, NAME, health_data(state, message, rate, calm=self._interval_factor > 1.0))
+            self._heartbeat.mark((state, message, calm), now)
+        self._publish(KIND_HEALTH, NAME, health_data(state, message, rate, calm=calm))
 
     def _ok_message(self, watched: list[_Gpu]) -> str:
         if self.gpu_indices is not None:

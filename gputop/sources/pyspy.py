@@ -88,6 +88,7 @@ class _Run:
         self.rate = 0
         self.window_s = 0
         self.subprocesses = False
+        self.calm_factor = 1      # > 1: sampled at the calm rate, 1/calm_factor of the full one
 
     def kill(self) -> float:
         """Kill and reap it; the CPU seconds it used (0.0 when it was reaped elsewhere)."""

@@ -34,7 +34,7 @@ import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
-from gputop.sources.calm import CALM_RATE_HZ
+from gputop.sources.calm import CALM_FACTOR
 from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
@@ -150,10 +150,11 @@ class StackSource(ThreadedSource):
         self.target = target
         self.rate_hz = int(rate_hz)
         # While the job is calm (gputop/sources/calm.py: a JobCalm, or None for always the full
-        # rate), a steady window samples at CALM_RATE_HZ: py-spy's cost is ~1/3 start-up and ~2/3
-        # samples (above), so a 5 s window costs ~1/3 less.
+        # rate), a steady window samples at 1/CALM_FACTOR of the rate (whole Hz: a rate the factor
+        # does not divide is kept): py-spy's cost is ~1/3 start-up and ~2/3 samples (above), so a
+        # 5 s window costs ~1/3 less.
         self.calm = calm
-        self.calm_rate_hz = min(self.rate_hz, CALM_RATE_HZ)
+        self.calm_rate_hz = self.rate_hz // CALM_FACTOR if self.rate_hz % CALM_FACTOR == 0 else self.rate_hz
         self.window_rate_hz = self.rate_hz   # the rate asked of the window in flight (before the spread)
         # The window of the next py-spy run: window_s during the warm-up (``_warm``), then
         # steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
@@ -442,6 +443,7 @@ class StackSource(ThreadedSource):
         self._run.rate = rate
         self._run.window_s = self.window_s
         self._run.subprocesses = subs
+        self._run.calm_factor = self.rate_hz // base if base < self.rate_hz else 1
 
     def _kill_run(self) -> None:
         run, self._run = self._run, None
@@ -501,6 +503,8 @@ class StackSource(ThreadedSource):
             data["rate_hz"] = run.rate
             data["main"] = pid == self.target.pid
             data["subprocesses"] = run.subprocesses
+            if run.calm_factor > 1:   # sampled at 1/calm_factor of the full rate (sources/calm.py)
+                data["calm_factor"] = run.calm_factor
             if errors:
                 data["errors"] = errors
             samples.append(Sample(t_end, KIND_STACKS, str(pid), data))

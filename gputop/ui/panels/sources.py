@@ -7,6 +7,7 @@ import time
 
 from rich.text import Text
 
+from gputop.sources.calm import CALM_NOTE
 from gputop.ui import fmt
 from gputop.ui.panels import LOAD_PROBLEMS, TextPanel, register_panel, register_view
 from gputop.ui.panels.overview import STYLE_BAD, STYLE_LABEL, STYLE_WARN
@@ -39,7 +40,10 @@ class SourceHealth(TextPanel):
             t.append(f"{state:<9}", style=HEALTH_STYLE.get(state, ""))
             t.append(f"{(fmt.num(rate, ' Hz', 1) if rate is not None else ''):>8}  ")
             # the whole message, wrapped under itself: these lines say what to do
-            lines = textwrap.wrap(fmt.clean(s.get("message") or ""), max(10, width - 29),
+            message = s.get("message") or ""
+            if s.get("calm") is True:   # gputop/sources/calm.py: why the rate is half the usual
+                message = (message + "; " if message else "") + CALM_NOTE
+            lines = textwrap.wrap(fmt.clean(message), max(10, width - 29),
                                   break_on_hyphens=False) or [""]
             t.append(("\n" + " " * 29).join(lines))
         # Values a source cannot measure here, with its reason.
