@@ -135,3 +135,21 @@ def test_a_rate_the_factor_does_not_divide_is_kept():
     assert StackSource(_Clock(), Target(1), rate_hz=5, calm=JobCalm(_Clock())).calm_rate_hz == 5
     assert StackSource(_Clock(), Target(1), rate_hz=20, calm=JobCalm(_Clock())).calm_rate_hz == CALM_RATE_HZ
     assert StackSource(_Clock(), Target(1)).describe()["calm_rate_hz"] is None, "no calm watch: always full rate"
+
+
+@pytest.mark.parametrize("argv, nvml_calm", [([], True), (["--interval", "0.5"], False)])
+def test_the_cli_hands_one_calm_watch_to_its_sources_and_keeps_an_interval_the_user_chose(argv, nvml_calm):
+    import os
+
+    from gputop.cli import _build_live_session
+    from gputop.cli_args import build_parser
+    from gputop.sources.nvml import NvmlSource
+
+    a = build_parser().parse_args(["--pid", str(os.getpid()), *argv])
+    session, _target = _build_live_session(os.getpid(), a, ["gputop"], None)
+    calm = [s for s in session.sources if isinstance(s, JobCalm)]
+    assert len(calm) == 1
+    nvml = next(s for s in session.sources if isinstance(s, NvmlSource))
+    stacks = next(s for s in session.sources if isinstance(s, StackSource))
+    assert stacks.calm is calm[0], "py-spy's rate is never set by the user: always calm-able"
+    assert (nvml.calm is calm[0]) == nvml_calm and nvml.interval_s == (0.5 if argv else 0.1)
