@@ -140,8 +140,10 @@ class Agent:
             if job.ended_at is not None and now - job.ended_at >= self.linger_s:
                 with self._lock:
                     self._jobs.pop(ident, None)
+                    # counted as it leaves the job list: a reader that sees it gone sees it counted
+                    # (its sources' stop below can take a second on a busy machine)
+                    self.stats["ended"] += 1
                 job.stop()
-                self.stats["ended"] += 1
                 log.info("job %s ended: forgotten", job.label)
 
     def stop(self) -> None:
