@@ -153,3 +153,27 @@ def test_the_cli_hands_one_calm_watch_to_its_sources_and_keeps_an_interval_the_u
     stacks = next(s for s in session.sources if isinstance(s, StackSource))
     assert stacks.calm is calm[0], "py-spy's rate is never set by the user: always calm-able"
     assert (nvml.calm is calm[0]) == nvml_calm and nvml.interval_s == (0.5 if argv else 0.1)
+
+
+def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two():
+    """The NVML loop samples at half its rate while calm, and each such ``gpu`` sample says so
+    (``calm_factor``): the report's statistics are those of the same recording with every calm
+    sample there twice, so a mean over hours that mix both rates is a mean over time."""
+    from gputop.catalogue import KIND_GPU
+    from gputop.derive.record_stats import StatsPartial
+
+    util = [90, 10, 80, 70, 0]
+    calm = [None, None, 2, 2, None]
+    events = [["sw_power_cap"], [], ["sw_power_cap"], [], ["gpu_idle"]]
+    weighted = StatsPartial()
+    weighted.add(KIND_GPU, "0", [1.0, 1.1, 1.3, 1.5, 1.6],
+                 {"util_gpu": util, "calm_factor": calm, "clock_events": events})
+    doubled = StatsPartial()
+    rows = [i for i in range(5) for _ in range(2 if calm[i] else 1)]
+    doubled.add(KIND_GPU, "0", [1.0 + 0.01 * k for k in range(len(rows))],
+                {"util_gpu": [util[i] for i in rows], "clock_events": [events[i] for i in rows]})
+    w, d = weighted.to_json(), doubled.to_json()
+    assert w["gpu_rows"] == d["gpu_rows"] == {"0": 7}
+    assert w["clock_events"] == d["clock_events"]
+    assert w["fields"] == d["fields"], "n, sum, min, max and the histogram: as if sampled at the full rate"
+    assert "calm_factor" not in [f[2] for f in w["fields"]], "the weight is not a field of the report"

@@ -385,6 +385,9 @@ def test_with_a_driver_a_calm_job_is_sampled_at_half_the_rate_and_the_full_one_a
     calm_n = sum(t0 <= s.t < t1 for s in gpu) / (t1 - t0)
     full_n = sum(t1 + 0.5 <= s.t < t2 for s in gpu) / (t2 - t1 - 0.5)
     assert 3.5 <= calm_n <= 6.5 and 8.0 <= full_n <= 12.0, (calm_n, full_n)
+    # each calm sample stands for CALM_FACTOR of the full rate's in the report's statistics
+    assert all(s.data.get("calm_factor") == CALM_FACTOR for s in gpu if t0 <= s.t < t1)
+    assert all("calm_factor" not in s.data for s in gpu if t1 + 0.5 <= s.t < t2)
     gpm = [s.t for s in gpu if t0 <= s.t < t1 and s.data["gpm_window_s"] is not None]
     if gpm:
         gaps = [b - a for a, b in zip(gpm, gpm[1:])]

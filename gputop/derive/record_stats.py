@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET
+from gputop.sources.calm import WEIGHT_FIELD, weight_of
 
 RELATIVE_ERROR = 0.005                         # of a percentile, against the exact one
 _GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
@@ -22,6 +23,19 @@ _MAX_BUCKET = 20_000                           # |index|: beyond what a finite f
 _LAST_KINDS = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_PROC, KIND_TARGET)   # the report reads their last row
 _MERGE_LAST = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET)
 _HEALTH_RANK = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}
+
+
+# A gpu sample taken while the job was calm (gputop/sources/calm.py: the NVML loop at half its
+# rate) says how many samples of the full rate it stands for; every statistic counts it that many
+# times, so a mean, a percentile or a share over a recording that mixes both rates is one over time.
+def sample_weights(cols: dict, n: int) -> list[int] | None:
+    """Each row's weight (1, or its ``calm_factor``); None when every row weighs 1."""
+    col = cols.get(WEIGHT_FIELD)
+    if not col:
+        return None
+    out = [weight_of(w) for w in col[:n]]
+    out += [1] * (n - len(out))
+    return out if any(w != 1 for w in out) else None
 
 
 def _num(v) -> float | None:
@@ -51,27 +65,41 @@ class FieldStats:
         self.neg: dict[int, int] = {}
         self.zero = 0
 
-    def add_column(self, col: list) -> None:
-        nums = [f for f in map(_num, col) if f is not None]
-        if not nums:
-            return
-        self.n += len(nums)
-        try:
-            self.sum += math.fsum(nums)
-        except OverflowError:
-            self.sum = math.inf
+    def add_column(self, col: list, weights: list[int] | None = None) -> None:
+        """``weights``: how many samples of the full rate each row stands for (``sample_weights``;
+        None: one each)."""
+        if weights is not None:
+            pairs = [(f, w) for f, w in zip(map(_num, col), weights) if f is not None]
+            if not pairs:
+                return
+            nums = [f for f, _ in pairs]
+            self.n += sum(w for _, w in pairs)
+            try:
+                self.sum += math.fsum(f * w for f, w in pairs)
+            except OverflowError:
+                self.sum = math.inf
+        else:
+            nums = [f for f in map(_num, col) if f is not None]
+            if not nums:
+                return
+            pairs = None
+            self.n += len(nums)
+            try:
+                self.sum += math.fsum(nums)
+            except OverflowError:
+                self.sum = math.inf
         self.min = min(self.min, min(nums))
         self.max = max(self.max, max(nums))
         pos, neg, log, lg = self.pos, self.neg, math.log, _LOG_GAMMA
-        for f in nums:
+        for f, w in (pairs if pairs is not None else ((f, 1) for f in nums)):
             if f > _TINY:
                 i = math.ceil(log(f) / lg)
-                pos[i] = pos.get(i, 0) + 1
+                pos[i] = pos.get(i, 0) + w
             elif f < -_TINY:
                 i = math.ceil(log(-f) / lg)
-                neg[i] = neg.get(i, 0) + 1
+                neg[i] = neg.get(i, 0) + w
             else:
-                self.zero += 1
+                self.zero += w
 
     def merge(self, other: "FieldStats") -> None:
         self.n += other.n
@@ -189,10 +217,12 @@ class StatsPartial:
         if ts:
             self.t_first = min(self.t_first, ts[0], ts[-1])
             self.t_last = max(self.t_last, ts[0], ts[-1])
+        weights = sample_weights(cols, len(ts)) if kind == KIND_GPU else None
         if kind in (KIND_GPU, KIND_SYSTEM):
             dst = self.values[(kind, key)]
             for name, col in cols.items():
-                self._field(dst, name).add_column(col)
+                if name != WEIGHT_FIELD:
+                    self._field(dst, name).add_column(col, weights)
         elif kind == KIND_PROC:
             # The tree's total per host tick: samples of one tick share a timestamp (to 50 ms).
             cpu, rss = cols.get("cpu_pct", []), cols.get("rss", [])
@@ -211,12 +241,13 @@ class StatsPartial:
             for name in ("cpu_pct", "rss"):
                 self._field(dst, name).add_column(cols.get(name, []))
         if kind == KIND_GPU:
-            self.gpu_rows[key] += len(ts)
-            for evs in cols.get("clock_events", []):
+            self.gpu_rows[key] += sum(weights) if weights is not None else len(ts)
+            for i, evs in enumerate(cols.get("clock_events", [])):
                 if isinstance(evs, list):
+                    w = weights[i] if weights is not None and i < len(weights) else 1
                     for ev in evs:
                         if isinstance(ev, str):
-                            self.clock_events[key][ev] += 1
+                            self.clock_events[key][ev] += w
         elif kind == KIND_HEALTH:
             for state, msg in zip(cols.get("state", []), cols.get("message", [])):
                 self._health(key, {"_rank": _HEALTH_RANK.get(state, 0), "state": state, "message": msg})

@@ -15,11 +15,9 @@ from collections import Counter, OrderedDict
 from gputop.catalogue import WAIT_CLASSES
 from gputop.derive import frame_rules as fr
 from gputop.model import Sample
+from gputop.sources.calm import WEIGHT_FIELD, weight_of
 
 _K = {c: i for i, c in enumerate(WAIT_CLASSES)}
-
-
-MAX_WEIGHT = 20   # a window's weight beyond this is not what a stack source writes: taken as 1
 
 
 def window_weight(data: dict) -> int:
@@ -27,8 +25,7 @@ def window_weight(data: dict) -> int:
     ``calm_factor`` (a window sampled at the calm rate, gputop/sources/calm.py), else 1. Where
     samples are counted (thread states, hot frames), a calm second then weighs what a full-rate
     second does, so a long recording's shares stay shares of time."""
-    w = data.get("calm_factor")
-    return w if type(w) is int and 1 <= w <= MAX_WEIGHT else 1
+    return weight_of(data.get(WEIGHT_FIELD))
 
 
 def _num(x) -> float | None:

@@ -30,6 +30,15 @@ CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this 
 # ``calm_factor``: each of its samples stands for that many of the full rate where samples are
 # counted (derive/thread_samples.py: window_weight).
 CALM_FACTOR = 2
+WEIGHT_FIELD = "calm_factor"   # of a calm window's ``stacks`` sample and a calm ``gpu`` sample
+MAX_WEIGHT = 20                # beyond this it is not what a source writes: taken as 1
+
+
+def weight_of(value) -> int:
+    """How many samples of the full rate one sample stands for, from its WEIGHT_FIELD value
+    (missing or malformed: 1). Read where samples are counted: derive/thread_samples.py (thread
+    states, hot frames) and derive/record_stats.py (the report's statistics)."""
+    return value if type(value) is int and 1 <= value <= MAX_WEIGHT else 1
 _HEARD = frozenset((KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE))
 # what a calm source's health adds to its line in the UI's Sources view
 CALM_NOTE = (f"calm: half the usual sampling rate while the job holds still (one phase, no verdict change "

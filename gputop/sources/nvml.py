@@ -422,6 +422,10 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                     continue
                 if gpu.lost:  # found out during this sample
                     continue
+                if self._interval_factor > 1.0:
+                    # one sample for CALM_FACTOR of the full rate's: the report's statistics weight
+                    # it so (derive/record_stats.py), so a mean over hours stays a mean over time
+                    data["calm_factor"] = CALM_FACTOR
                 self._publish(KIND_GPU, gpu.key, data, t)
             self._ticks.append(start)
             for gpu in self._gpus:
