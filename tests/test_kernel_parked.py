@@ -17,7 +17,7 @@ from stacks_helpers import Proc
 pytestmark = pytest.mark.timeout(60)
 
 # a thread asleep all along, and one that sleeps WAKE_S then spins (against the main thread's
-# spinning: it runs or waits for the GIL from then on)
+# spinning: it runs or waits for the GIL from then on); the sampler starts ~0.5 s after both
 TARGET = """
 import json, os, threading, time
 def sleeper():
@@ -28,6 +28,9 @@ def waker():
         sum(range(1000))
 a = threading.Thread(target=sleeper, name="sleeper", daemon=True); a.start()
 b = threading.Thread(target=waker, name="waker", daemon=True); b.start()
+# the GIL is free while this sleeps: the waker reaches its sleep before the sampler first looks
+# (started under load, it could still be waiting for the GIL on the first ticks)
+time.sleep(0.5)
 print(json.dumps({"sleeper": a.native_id, "waker": b.native_id}), flush=True)
 while True:
     sum(range(1000))
