@@ -108,10 +108,12 @@ def job(tmp_path_factory):
                                              for s in last_by_key(samples, KIND_RANK).values()):
             time.sleep(0.2)
         session.stop()
+        recorder_error = session.recorder.error
     finally:
         kill_group(proc)
     mine = {r: json.loads((tmp / f"own.{r}").read_text()) for r in range(WORLD)}
-    yield {"proc": proc, "samples": samples, "tables": tables, "own": mine, "recording": rec, "tmp": tmp}
+    yield {"proc": proc, "samples": samples, "tables": tables, "own": mine, "recording": rec, "tmp": tmp,
+           "recorder_error": recorder_error}
 
 
 def full_tables(job):
@@ -184,6 +186,7 @@ def test_rank_table_joins_the_probe_and_says_what_is_not_known(job):
 
 
 def test_record_and_replay_keep_rank_identity(job):
+    assert job["recorder_error"] is None   # the file has its last seconds (the ranks' exits)
     t_mid, live_rows = full_tables(job)[-1]
     session = ReplaySession(str(job["recording"]), processors=[ThreadStateProcessor()], start_playing=False)
     try:

@@ -78,6 +78,52 @@ class _BlockableFile:
         return getattr(self._f, name)
 
 
+class _SlowSyncFile:
+    """A real file whose descriptor the recorder's own thread gets only once ``released`` is set:
+    its periodic fsync takes as long as a busy disk's can (seconds, while another program
+    writes a lot: CI's installs just before the tests)."""
+
+    def __init__(self, f):
+        self._f = f
+        self.in_sync = threading.Event()
+        self.released = threading.Event()
+
+    def fileno(self):
+        if threading.current_thread().name == "gputop-recorder":
+            self.in_sync.set()
+            self.released.wait(10)
+        return self._f.fileno()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def test_a_slow_fsync_at_stop_still_gets_the_last_samples_written(tmp_path):
+    """stop() comes while the writer thread waits in its fsync: the last samples and the end
+    frame are written all the same, at once (the fsync holds no lock); before, stop gave up
+    after its timeout as for a frozen disk and the file lost its last seconds."""
+    path = tmp_path / "slow.gtrec"
+    w = RecordingWriter(str(path), {"a": 1})
+    f = w._f = _SlowSyncFile(w._f)
+    rec = Recorder(w, flush_s=0.02, fsync_s=0.0)
+    rec.start()
+    try:
+        rec.on_samples(_batch(0))
+        assert f.in_sync.wait(5), "the writer never synced"
+        for i in range(1, 20):        # the last seconds: queued while the fsync waits
+            rec.on_samples(_batch(i))
+        t = time.perf_counter()
+        rec.stop({"clean": True}, timeout_s=0.3)
+        assert time.perf_counter() - t < 2.0
+        assert rec.error is None, rec.error
+    finally:
+        f.released.set()
+    with RecordingReader(str(path)) as r:
+        assert r.index.end == {"clean": True} and not r.index.damaged
+        got = [s.data["i"] for s in r.all_samples() if s.kind == "gpu"]
+    assert got == sorted(got) and set(got) == set(range(20)) and len(got) == 20 * 50
+
+
 def test_samples_dropped_while_the_disk_stalls_are_counted_in_the_recording(tmp_path):
     path = tmp_path / "stall.gtrec"
     w = RecordingWriter(str(path), {"a": 1})

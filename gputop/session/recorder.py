@@ -89,7 +89,13 @@ class RecordingWriter:
         self.bytes_written += len(frame)
 
     def fsync(self) -> None:
-        os.fsync(self._f.fileno())
+        """Called without the recorder's I/O lock (it touches only the descriptor): on a disk busy
+        with another program's writes one fsync can take seconds, and the last chunk must not
+        wait for it. A file closed meanwhile has been synced by its close."""
+        try:
+            os.fsync(self._f.fileno())
+        except (OSError, ValueError):
+            pass
 
     def close(self, end: dict | None = None) -> None:
         if self.closed:
@@ -201,27 +207,28 @@ class Recorder:
         return batch
 
     def _write_batch(self, batch: list) -> None:
-        with self._io_lock:
-            if self.error is not None:
-                return
-            try:
-                run: list[Sample] = []
-                for item in batch + [None]:
-                    if isinstance(item, Sample):
-                        run.append(item)
-                        continue
-                    for piece in _pieces(run):
-                        written = self.writer.write_samples(piece)
-                        self.samples_written += len(piece)
-                        if written is not None:
-                            self._summarize(*written)
-                    run = []
-                    if isinstance(item, dict):
-                        self.writer.write_meta(item)
-            except OSError as e:  # disk full: say so, keep monitoring
-                self.error = f"recording stopped: {e.strerror}"
-            except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
-                self.error = f"recording stopped: {type(e).__name__}: {e}"
+        """Writes what was taken from the queue; the caller holds ``_io_lock`` (and took the batch
+        under it, so batches reach the file in the order they left the queue)."""
+        if self.error is not None or self.writer.closed:
+            return
+        try:
+            run: list[Sample] = []
+            for item in batch + [None]:
+                if isinstance(item, Sample):
+                    run.append(item)
+                    continue
+                for piece in _pieces(run):
+                    written = self.writer.write_samples(piece)
+                    self.samples_written += len(piece)
+                    if written is not None:
+                        self._summarize(*written)
+                run = []
+                if isinstance(item, dict):
+                    self.writer.write_meta(item)
+        except OSError as e:  # disk full: say so, keep monitoring
+            self.error = f"recording stopped: {e.strerror}"
+        except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
+            self.error = f"recording stopped: {type(e).__name__}: {e}"
 
     def _summarize(self, payload: bytes, t0: float, t1: float, series: list[Series] | None) -> None:
         """Feed one written chunk to the summarizer; a summary frame per ``summary_s`` seconds.
@@ -250,7 +257,8 @@ class Recorder:
 
     def flush(self) -> None:
         """Write what is queued now (on the calling thread)."""
-        self._write_batch(self._take())
+        with self._io_lock:
+            self._write_batch(self._take())
 
     def _run(self) -> None:
         last_sync = time.monotonic()
@@ -261,11 +269,7 @@ class Recorder:
                 break
             self.flush()
             if time.monotonic() - last_sync >= self.fsync_s and self.error is None:
-                try:
-                    with self._io_lock:
-                        self.writer.fsync()
-                except OSError:
-                    pass
+                self.writer.fsync()
                 last_sync = time.monotonic()
 
     def stop(self, end: dict | None = None, timeout_s: float = 5.0) -> None:
@@ -273,13 +277,14 @@ class Recorder:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
-        if self._thread.is_alive() or not self._io_lock.acquire(timeout=0.1):
-            # The writer is stuck in the kernel (a frozen disk): leave the file as a kill would.
+        # A writer thread still alive is in a slow fsync (it holds no lock: the rest is written
+        # here all the same) or stuck inside a write, holding the lock (a frozen disk): then the
+        # file is left as a kill would leave it.
+        if not self._io_lock.acquire(timeout=0.1):
             self.error = self.error or "recording not closed cleanly: the disk did not respond"
             return
-        self._io_lock.release()
-        self.flush()
-        with self._io_lock:
+        try:
+            self._write_batch(self._take())
             try:
                 if self.summarizer is not None and self.error is None:
                     try:
@@ -291,3 +296,5 @@ class Recorder:
                 self.writer.close(end)
             except OSError as e:
                 self.error = f"recording not closed cleanly: {e.strerror}"
+        finally:
+            self._io_lock.release()
