@@ -97,14 +97,17 @@ class RecordingWriter:
         except (OSError, ValueError):
             pass
 
-    def close(self, end: dict | None = None) -> None:
+    def close(self, end: dict | None = None, sync: bool = True) -> None:
+        """``sync=False``: into the OS only (it survives gputop being killed, not a power loss),
+        for when another fsync of this file is still waiting: a frozen disk would hang this one."""
         if self.closed:
             return
         self.closed = True
         try:
             self._f.write(json_frame(FRAME_END, end or {}))
             self._f.flush()
-            os.fsync(self._f.fileno())
+            if sync:
+                os.fsync(self._f.fileno())
         finally:
             self._f.close()
 
@@ -293,7 +296,9 @@ class Recorder:
                         self._summary_failed(e)
                     else:
                         self.writer.write_summary(final)
-                self.writer.close(end)
+                # the writer thread still in its fsync: a second one would wait as long (forever
+                # on a frozen disk, and gputop would never exit)
+                self.writer.close(end, sync=not self._thread.is_alive())
             except OSError as e:
                 self.error = f"recording not closed cleanly: {e.strerror}"
         finally:
