@@ -3,6 +3,8 @@ stack source's calm rate on a real process with the real py-spy."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
@@ -87,22 +89,36 @@ def _windows(got: list) -> list[dict]:
 
 def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_after_a_change():
     """Real py-spy on a real process: the warm-up's windows at 20 Hz whatever the calm says, the
-    steady ones at 10 Hz while calm (fewer samples, the same span), 20 Hz again once a verdict
-    changed; health says the rate asked and that it is the calm one."""
+    steady ones at 10 Hz and calm_window_s long while calm (fewer samples, fewer py-spy starts),
+    the calm window in flight at a change cut short and 20 Hz steady windows after it; health says
+    the rate asked and that it is the calm one."""
     p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
     clock = Clock()
     calm = JobCalm(clock, after_s=0.0)
     calm.on_samples([_phase(0.0)])
     try:
         p.first()
-        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=2, warm_s=2.0, calm=calm)
+        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=2, warm_s=2.0, calm=calm,
+                          calm_window_s=4)
         got: list = []
-        src.start(got.append)
+        arrived: dict[int, float] = {}    # a window's sample: when it came
+
+        def take(s: Sample) -> None:
+            got.append(s)
+            arrived[id(s.data)] = time.monotonic()
+
+        src.start(take)
         try:
             assert wait_for(lambda: sum(w["dur_s"] > 1.5 for w in _windows(got)) >= 2, 30)
+            time.sleep(1.5)             # into the next calm window (4 s), which starts as one ends
             calm.after_s = 1e9          # unsettled from the next change on
+            changed = time.monotonic()
             calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "gil_contention", {"active": True})])
             n = len(_windows(got))
+            assert wait_for(lambda: any(w.get("calm_factor") is None and w["dur_s"] > 1.5
+                                        for w in _windows(got)[n:]), 30)
+            # the cut window and one full-rate 2 s window: ~4 s, not the ~6 s of the calm window's rest and it
+            full_rate_after = time.monotonic() - changed
             assert wait_for(lambda: len(_windows(got)) >= n + 3, 30)
         finally:
             src.stop()
@@ -113,6 +129,14 @@ def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_a
     assert warm and all(18 <= w["rate_hz"] <= 22 for w in warm), "the warm-up is never calm"
     calm_wins = [w for w in wins[:n] if w["dur_s"] > 1.5]
     assert calm_wins and all(9 <= w["rate_hz"] <= 11 for w in calm_wins), [w["rate_hz"] for w in wins]
+    # calm windows are calm_window_s long (py-spy's span may fall a little short), the warm-up's not
+    assert all(w["dur_s"] >= 3.5 for w in calm_wins), [w["dur_s"] for w in wins]
+    # the one in flight at the change ended early (SIGINT) and came at once: a complete window, shorter
+    cut = wins[n]
+    assert cut.get("calm_factor") == CALM_FACTOR and 0.8 <= cut["dur_s"] <= 3.3, [w["dur_s"] for w in wins]
+    assert arrived[id(cut)] - changed < 1.5, (arrived[id(cut)] - changed, [w["dur_s"] for w in wins])
+    assert cut["threads"] and max(th["n"] for th in cut["threads"]) >= 0.6 * 9 * cut["dur_s"]
+    assert full_rate_after < 5.0, full_rate_after
     # each says so: its samples stand for CALM_FACTOR of the full rate's where samples are counted
     assert all(w["calm_factor"] == CALM_FACTOR for w in calm_wins)
     assert all("calm_factor" not in w for w in warm)
@@ -120,7 +144,7 @@ def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_a
     for w in calm_wins:
         main_n = max(th["n"] for th in w["threads"])
         assert 0.6 * 9 * w["dur_s"] <= main_n <= 1.2 * 11 * w["dur_s"], (main_n, w["dur_s"])
-    # the window in flight at the change may still be a calm one; the ones after are full rate
+    # the windows after the cut one are full rate
     after = wins[n + 1:]
     assert after and all(18 <= w["rate_hz"] <= 22 and "calm_factor" not in w for w in after), \
         [w["rate_hz"] for w in wins]

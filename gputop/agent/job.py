@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from gputop.agent.discover import Found
 from gputop.agent.state import RollingRecorder
+from gputop.derive.stacks_window import BUDGET_STACKS_S, THREADS_SLACK_S
 
 log = logging.getLogger("gputop.agent")
 
@@ -59,8 +60,6 @@ class Rates:
     stacks: bool = True
 
 
-BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
-THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
 CLUSTER_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "JOB_ID")
 _LABEL_SAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 

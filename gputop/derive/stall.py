@@ -31,14 +31,15 @@ import math
 import statistics
 
 from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_STALL, KIND_STALL_SNAPSHOT,
-                               KIND_TARGET, SOURCE_STACKS)
+                               KIND_TARGET)
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
 from gputop.derive.budget import BLOCKED, COLLECTIVE, CPU, CPU_WAIT, DATA, IO, SYNC, owner
 from gputop.derive.budget_processor import judged_process
 from gputop.derive.moments import MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
-from gputop.model import KIND_HEALTH, Sample
+from gputop.derive.stacks_window import stacks_window_s
+from gputop.model import Sample
 
 STALL_MIN_S = 10.0          # no step for at least this long ...
 STALL_STEP_FACTOR = 20.0    # ... and for 20x the median step time (a slow step is not a stall)
@@ -170,7 +171,7 @@ class StallDetector:
                 return []
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
         moments_of, seen_until, stacks_seen = {}, {}, {}
-        window = _window_s(store)
+        window = stacks_window_s(store)
         for pid in pids:
             probed = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
@@ -225,16 +226,6 @@ class StallDetector:
                        "median_step_s": _r(self.step_s.get(p), 4)} for p in pids],
         }
         return [Sample(now, KIND_STALL, "job", data)]
-
-
-def _window_s(store) -> float:
-    """How long a py-spy window takes: the stacks source's window in flight (its health says;
-    a window's own ``dur_s`` is the span it sampled, shorter when py-spy fell behind), 2 s for a
-    recording without it. Its samples arrive when it ends, so the newest of them is up to that
-    much older than the window's end, and the next window ends about that much later."""
-    h = store.latest(KIND_HEALTH, SOURCE_STACKS)
-    w = _num(h.get("window_s")) if h is not None else None
-    return min(max(w, 1.0), 600.0) if w is not None else 2.0
 
 
 def stacks_late_s(window: float) -> float:

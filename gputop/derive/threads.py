@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
+from gputop.derive.stacks_window import threads_horizon_s
 from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
     _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
 )
@@ -335,7 +336,7 @@ class ThreadStateProcessor:
         self._kcache = _ClassifyCache(fn=_parse_kernel)
 
     def process(self, store, now: float) -> list[Sample]:
-        since = now - self.horizon_s
+        since = now - threads_horizon_s(store, self.horizon_s)   # holds the window in flight
         stacks = [s for ss in store.window(KIND_STACKS, since).values() for s in ss]
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
         if not stacks and not kernel:

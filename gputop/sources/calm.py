@@ -30,6 +30,16 @@ CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this 
 # ``calm_factor``: each of its samples stands for that many of the full rate where samples are
 # counted (derive/thread_samples.py: window_weight).
 CALM_FACTOR = 2
+# While calm, py-spy's steady windows are this long instead of 5 s (sources/stacks.py). py-spy has no
+# streaming mode, so each window is a fresh py-spy whose start-up (attach, read the interpreter's
+# symbols) costs what ~40 samples do (2-core box: 18 ms of CPU a start, 0.42 ms a sample at 10 Hz):
+# at the calm 10 Hz, 5 s windows spent half of py-spy's CPU on start-ups, 10 s windows a third.
+# What it costs: while calm, a window's stacks arrive up to 10 s after they were sampled; the
+# thread states' and the time budget's windows widen with the window in flight
+# (derive/stacks_window.py), so they always hold one. The window in flight when the job stops
+# being calm is cut short (py-spy ends a window early on SIGINT, its file complete), so the
+# stacks of a change are at most one short window late, as before.
+CALM_WINDOW_S = 10
 WEIGHT_FIELD = "calm_factor"   # of a calm window's ``stacks`` sample and a calm ``gpu`` sample
 MAX_WEIGHT = 20                # beyond this it is not what a source writes: taken as 1
 

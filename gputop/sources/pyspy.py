@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -89,6 +90,16 @@ class _Run:
         self.window_s = 0
         self.subprocesses = False
         self.calm_factor = 1      # > 1: sampled at the calm rate, 1/calm_factor of the full one
+        self.cut = False          # asked to end early (SIGINT: py-spy writes what it has and exits)
+
+    def interrupt(self) -> None:
+        """End the window now: py-spy stops on SIGINT and writes its file, its span the time it
+        sampled (the profile's endValue), so the window is complete, only shorter."""
+        self.cut = True
+        try:
+            self.proc.send_signal(signal.SIGINT)
+        except OSError:
+            pass
 
     def kill(self) -> float:
         """Kill and reap it; the CPU seconds it used (0.0 when it was reaped elsewhere)."""

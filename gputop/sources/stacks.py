@@ -34,7 +34,7 @@ import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
-from gputop.sources.calm import CALM_FACTOR
+from gputop.sources.calm import CALM_FACTOR, CALM_WINDOW_S
 from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
@@ -143,7 +143,8 @@ class StackSource(ThreadedSource):
     def __init__(self, clock, target, rate_hz: int = DEFAULT_RATE_HZ, window_s: int = DEFAULT_WINDOW_S,
                  kernel_rate_hz: float = DEFAULT_KERNEL_RATE_HZ,
                  subprocess_every: int = DEFAULT_SUBPROCESS_EVERY, pyspy: str | None = None,
-                 steady_window_s: int = STEADY_WINDOW_S, warm_s: float = WARM_S, calm=None) -> None:
+                 steady_window_s: int = STEADY_WINDOW_S, warm_s: float = WARM_S, calm=None,
+                 calm_window_s: int = CALM_WINDOW_S) -> None:
         if int(rate_hz) < 1 or int(window_s) < 1 or not kernel_rate_hz > 0:
             raise ValueError("rate_hz, window_s and kernel_rate_hz must be positive")
         self.clock = clock
@@ -160,6 +161,7 @@ class StackSource(ThreadedSource):
         # steady_window_s (never shorter: the agent's 20 s windows stay 20 s).
         self.first_window_s = int(window_s)
         self.steady_window_s = max(self.first_window_s, int(steady_window_s))
+        self.calm_window_s = max(self.steady_window_s, int(calm_window_s))   # while calm (sources/calm.py)
         self.warm_s = float(warm_s)
         self.window_s = self.first_window_s
         self._first_spawn: float | None = None
@@ -220,6 +222,7 @@ class StackSource(ThreadedSource):
             "pyspy": self.pyspy_path, "pyspy_version": _vstr(self.pyspy_version) if self.pyspy_version else None,
             "rate_hz": self.rate_hz, "calm_rate_hz": self.calm_rate_hz if self.calm is not None else None,
             "window_s": self.first_window_s, "steady_window_s": self.steady_window_s,
+            "calm_window_s": self.calm_window_s,
             "warm_s": self.warm_s, "subprocess_every": self.subprocess_every,
             "kernel_rate_hz": self.kernel_rate_hz, "kernel_arch": platform.machine(),
             "gil_method": "futex wait on the Python runtime's static data (/proc/PID/task/TID/syscall)",
@@ -372,6 +375,11 @@ class StackSource(ThreadedSource):
                 pid, status, rusage = run.proc.pid, 0, None
             if pid == 0:
                 mono = time.monotonic()
+                if run.calm_factor > 1 and not run.cut and mono - run.t_spawn >= self.first_window_s \
+                        and self.calm is not None and not self.calm.calm():
+                    # the job changed during a calm window (up to CALM_WINDOW_S long): end it now,
+                    # so the next window samples the change at the full rate (sources/calm.py)
+                    run.interrupt()
                 if mono - run.t_spawn > run.window_s + 30:  # hung: give up on it
                     self._kill_run()
                     self._window_failed("py-spy did not finish its window (hung); restarted")
@@ -409,7 +417,8 @@ class StackSource(ThreadedSource):
             self._first_spawn = mono
         warm = self._warm(mono)
         # calm (gputop/sources/calm.py): the steady windows at the calm rate, never the warm-up's
-        base = self.calm_rate_hz if (not warm and self.calm is not None and self.calm.calm()) else self.rate_hz
+        calm = not warm and self.calm is not None and self.calm.calm()
+        base = self.calm_rate_hz if calm else self.rate_hz
         self.window_rate_hz = base
         spread = max(1, round(base * 0.1))
         rate = max(1, base + self._rng.randint(-spread, spread))
@@ -420,7 +429,10 @@ class StackSource(ThreadedSource):
             self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
         steady = not warm and not (subs and not self.children_all_windows)
-        length = self.steady_window_s if steady else self.first_window_s
+        # calm: longer windows, half the start-ups (sources/calm.py: CALM_WINDOW_S), only where the
+        # rate is the calm one (its samples say so: calm_factor) and never shorter than asked
+        length = (self.calm_window_s if calm and base < self.rate_hz else self.steady_window_s) \
+            if steady else self.first_window_s
         if steady and self.has_children and self.subprocess_every > 0 and not self.children_all_windows \
                 and self._subs_at is not None:
             # end by the children's next window, so that it starts on time (every ~10 s, as in

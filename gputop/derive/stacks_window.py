@@ -1,0 +1,41 @@
+"""How long the py-spy window in flight is, and the windows that must hold one.
+
+py-spy's samples arrive only when its window ends, so a processor that reads stacks over the last
+N seconds sees none when N is shorter than a window (plus the fold and a derive tick). The stacks
+source's health says the window in flight (``window_s``): 2 s in the warm-up, 5 s steady, 10 s
+while calm (sources/calm.py: CALM_WINDOW_S), the agent's 20 s. The budget's window and the thread
+states' horizon are widened from it (here) and, for the agent's fixed long windows, once at start
+(agent/job.py: widen_windows).
+"""
+
+from __future__ import annotations
+
+from gputop.catalogue import SOURCE_STACKS
+from gputop.model import KIND_HEALTH
+
+BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
+THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
+NO_HEALTH_WINDOW_S = 2.0  # a recording without the stacks source's health: its first windows
+
+
+def stacks_window_s(store) -> float:
+    """The stacks source's window in flight (its health says; a window's own ``dur_s`` is the span
+    it sampled, shorter when py-spy fell behind or the window was cut), 2 s for a recording without
+    it. Its samples arrive when it ends, so the newest of them is up to that much older than the
+    window's end, and the next window ends about that much later."""
+    h = store.latest(KIND_HEALTH, SOURCE_STACKS)
+    w = h.get("window_s") if h is not None else None
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or w != w:
+        return NO_HEALTH_WINDOW_S
+    return min(max(float(w), 1.0), 600.0)
+
+
+def threads_horizon_s(store, horizon_s: float) -> float:
+    """The thread states' horizon: ``horizon_s`` or, with a longer window in flight, one window and
+    THREADS_SLACK_S (a calm 10 s window: 15 s)."""
+    return max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
+
+
+def budget_window_s(store, window_s: float) -> float:
+    """The budget's window: ``window_s`` or one window in flight and BUDGET_STACKS_S of stacks."""
+    return max(window_s, stacks_window_s(store) + BUDGET_STACKS_S)

@@ -1,0 +1,73 @@
+"""The windows that must hold one py-spy window in flight (gputop/derive/stacks_window.py).
+
+While calm, py-spy's windows are 10 s long (sources/calm.py: CALM_WINDOW_S) and their samples
+arrive when a window ends, so just before the next one lands the newest stacks are 10 s old plus
+the fold. The thread states' 10 s horizon would then hold no stacks at all and the threads
+would lose their frames every other second; the horizon widens with the window the stacks
+source's health says is in flight. Shown on a real py-spy window of an H200 HF Trainer job.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from gputop.catalogue import KIND_STACKS, SOURCE_STACKS
+from gputop.derive.stacks_window import (BUDGET_STACKS_S, NO_HEALTH_WINDOW_S, THREADS_SLACK_S, budget_window_s,
+                                         stacks_window_s, threads_horizon_s)
+from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, ThreadStateProcessor
+from gputop.model import KIND_HEALTH, Sample, health_data
+from gputop.session.recording_reader import RecordingReader
+from gputop.session.store import SampleStore
+from gputop.sources.calm import CALM_WINDOW_S
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HF = ROOT / "tests" / "data" / "h200" / "calm" / "hf_trainer-pid.gtrec"
+
+
+def _one_window() -> Sample:
+    with RecordingReader(str(HF)) as r:
+        wins = [s for s in r.samples() if s.kind == KIND_STACKS and s.data.get("main")]
+    return wins[len(wins) // 2]
+
+
+def _health(t: float, window_s) -> Sample:
+    return Sample(t, KIND_HEALTH, SOURCE_STACKS, health_data("ok", "", window_s=window_s))
+
+
+def _thread_states(window_s: float, age_s: float) -> dict:
+    """The processor's thread states ``age_s`` after the window's sample arrived, with the
+    stacks source's health saying ``window_s`` is in flight."""
+    win = _one_window()
+    store = SampleStore()
+    store.on_samples([win, _health(win.t + 0.1, window_s)])
+    out = ThreadStateProcessor().process(store, win.t + age_s)
+    return {s.key: s.data for s in out if s.kind == KIND_THREAD_STATE}
+
+
+def test_a_calm_window_is_held_until_the_next_one_lands():
+    # the next calm window lands ~CALM_WINDOW_S after this one, plus the fold and a derive tick
+    age = CALM_WINDOW_S + 3.0
+    calm = _thread_states(CALM_WINDOW_S, age)
+    assert calm, "the thread states lost the calm window before the next one could land"
+    main = [d for d in calm.values() if d.get("role") == "main"]
+    assert main and main[0]["samples"] > 0 and main[0]["where"], main
+    # the same age with 5 s windows in flight: past the horizon (the old rule), nothing is held
+    assert not _thread_states(5, age)
+
+
+def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
+    store = SampleStore()
+    assert stacks_window_s(store) == NO_HEALTH_WINDOW_S
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == DEFAULT_HORIZON_S
+    assert budget_window_s(store, 20.0) == 20.0
+    store.on_samples([_health(1.0, CALM_WINDOW_S)])
+    assert stacks_window_s(store) == CALM_WINDOW_S
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + THREADS_SLACK_S
+    assert budget_window_s(store, 20.0) == CALM_WINDOW_S + BUDGET_STACKS_S
+    # the agent's 20 s windows and its long budget window stay as they are
+    store.on_samples([_health(2.0, 20)])
+    assert threads_horizon_s(store, 30.0) == 30.0
+    # a damaged health value is read as no health, never as a window of its own
+    for bad in (None, "10", True, float("nan")):
+        store.on_samples([_health(3.0, bad)])
+        assert stacks_window_s(store) == NO_HEALTH_WINDOW_S
