@@ -201,3 +201,68 @@ def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two()
     assert w["clock_events"] == d["clock_events"]
     assert w["fields"] == d["fields"], "n, sum, min, max and the histogram: as if sampled at the full rate"
     assert "calm_factor" not in [f[2] for f in w["fields"]], "the weight is not a field of the report"
+
+
+def test_the_kernel_sampler_ticks_at_half_its_rate_while_calm_and_at_full_rate_after_a_change():
+    """Real process, real /proc, real py-spy: while calm (its py-spy windows calm ones) the
+    kernel-wait sampler (25 Hz) reads the threads' system calls half as often, a second at a
+    time, and each such second's thread_kernel sample says so (calm_factor); a change brings the
+    full rate back within a window or two."""
+    from gputop.sources.stacks import KIND_THREAD_KERNEL
+
+    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    clock = Clock()
+    calm = JobCalm(clock, after_s=0.0)
+    calm.on_samples([_phase(0.0)])
+    try:
+        p.first()
+        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=2, warm_s=2.0, calm=calm,
+                          calm_window_s=3)
+        got: list = []
+        src.start(got.append)
+
+        def seconds() -> list[dict]:
+            return [s.data for s in got if s.kind == KIND_THREAD_KERNEL and s.data.get("main")]
+        try:
+            assert wait_for(lambda: sum(d.get("calm_factor") == CALM_FACTOR for d in seconds()) >= 4, 30)
+            calm.after_s = 1e9
+            calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "gil_contention", {"active": True})])
+            n = len(seconds())
+            assert wait_for(lambda: len(seconds()) >= n + 5, 30)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    secs = seconds()
+    calm_rates = [d["ticks"] / d["dur_s"] for d in secs[1:n] if d.get("calm_factor") == CALM_FACTOR]
+    after = secs[n:]
+    # the seconds in flight at the change may still be calm; the rest are full rate
+    assert all("calm_factor" not in d for d in after[2:]), [d.get("calm_factor") for d in after]
+    full_rates = [d["ticks"] / d["dur_s"] for d in after[2:]]
+    calm_mean, full_mean = sum(calm_rates) / len(calm_rates), sum(full_rates) / len(full_rates)
+    # Poisson gaps and a loaded box scatter single seconds: compare the means
+    assert calm_mean < 0.7 * full_mean and full_mean > 12, (calm_rates, full_rates)
+
+
+def test_a_calm_kernel_second_counts_for_the_full_rates_two_in_the_thread_states():
+    """Thread states over a horizon that mixes a calm second (half the ticks) with a full-rate one
+    are shares of time: the calm second's counts weigh double, as if sampled at the full rate."""
+    from gputop.derive.threads import aggregate
+    from gputop.sources.stacks import KERNEL_COLUMNS, KIND_THREAD_KERNEL
+
+    def second(t: float, counts: dict, factor: int | None) -> Sample:
+        row = [7, "MainThread"] + [counts.get(c, 0) for c in KERNEL_COLUMNS[2:-3]] + [0.5, 0.0, 1.0]
+        data = {"t0": t - 1, "dur_s": 1.0, "ticks": sum(counts.values()), "main": True, "python": True,
+                "gil_known": True, "cols": list(KERNEL_COLUMNS), "threads": [row]}
+        if factor:
+            data["calm_factor"] = factor
+        return Sample(t, KIND_THREAD_KERNEL, "7", data)
+
+    calm_s = second(1.0, {"run": 12}, CALM_FACTOR)        # 12 ticks at 12.5 Hz: a second running
+    full_s = second(2.0, {"gil": 25}, None)               # 25 ticks at 25 Hz: a second in GIL wait
+    a = aggregate([], [calm_s, full_s])[(7, 7)]
+    run, gil = a.k[0], a.k[1]
+    assert (run, gil) == (12 * CALM_FACTOR, 25), a.k
+    # a malformed factor is not a weight
+    b = next(iter(aggregate([], [second(1.0, {"run": 12}, 10**6)]).values()))
+    assert b.k[0] == 12

@@ -21,7 +21,8 @@ _K = {c: i for i, c in enumerate(WAIT_CLASSES)}
 
 
 def window_weight(data: dict) -> int:
-    """How many samples of the full rate each sample of this stacks window stands for: its
+    """How many samples of the full rate each sample of this stacks window (or each tick of this
+    thread_kernel second) stands for: its
     ``calm_factor`` (a window sampled at the calm rate, gputop/sources/calm.py), else 1. Where
     samples are counted (thread states, hot frames), a calm second then weighs what a full-rate
     second does, so a long recording's shares stay shares of time."""
@@ -164,6 +165,7 @@ def _parse_kernel(s: Sample) -> tuple | None:
     i_tid, i_name = idx["tid"], idx.get("name")
     i_span, i_cpu, i_runq = idx.get("span_s"), idx.get("cpu_s"), idx.get("runq_s")
     classes = [(idx[c], _K[c]) for c in WAIT_CLASSES if c in idx]
+    weight = window_weight(s.data)   # a calm second's ticks count for the full rate's (sources/calm.py)
     n_cols = len(cols)
     out = []
     for row in rows:
@@ -173,7 +175,7 @@ def _parse_kernel(s: Sample) -> tuple | None:
         if isinstance(tid, bool) or not isinstance(tid, (int, str)):
             continue
         comm = row[i_name] if i_name is not None and isinstance(row[i_name], str) else None
-        counts = tuple((k, v) for j, k in classes
+        counts = tuple((k, v * weight) for j, k in classes
                        if isinstance(v := row[j], int) and not isinstance(v, bool) and v > 0) or None
         span = _num(row[i_span]) if i_span is not None else None
         cpu = _num(row[i_cpu]) if i_cpu is not None else None

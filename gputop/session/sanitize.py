@@ -81,7 +81,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "system": {},                                             # all numbers
     "target": _table(str="command state", number="exit_t pid", bool="python"),
     "thread": _table(str="name state"),                       # the rest are numbers
-    "thread_kernel": _table(list="cols threads", number="dur_s t0 ticks", bool="gil_known main python",
+    "thread_kernel": _table(list="cols threads", number="calm_factor dur_s t0 ticks", bool="gil_known main python",
                             str="python_version"),
     "thread_state": _table(str="comm idle_kind name role top where", bool="gil_known python"),
     "verdict": _table(bool="active", str="advice severity summary title",

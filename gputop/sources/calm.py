@@ -1,6 +1,6 @@
 """Whether the watched job is *calm*: one phase for a minute, no verdict turning on or off, no
-stall. While it is, the stack source samples py-spy and the NVML fast loop at ``CALM_FACTOR``
-times fewer samples a second (gputop/sources/stacks.py, nvml.py): what watching
+stall. While it is, the stack source samples py-spy, the kernel-wait sampler and the NVML fast
+loop at ``CALM_FACTOR`` times fewer samples a second (gputop/sources/stacks.py, nvml.py): what watching
 costs then is spent on noticing a change, and anything that changes makes it unsettled again, so
 the next minute is sampled at the full rates.
 
@@ -13,6 +13,15 @@ if the noise did turn one off, that change itself brings the full rates back. A 
 loop unsettled from its first second (the stall detector's sample), so a stall's own stacks are
 sampled at the full rate from then on. What it costs: a change that shows only in the stacks
 (a new wait that no verdict names yet) is first judged on 10 Hz samples.
+
+The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 12.5 Hz while calm: its
+wake-ups were most of the stack thread's CPU (~250 us of CPU each on a torch process, the
+sleep's wake-up and a cold cache included: 0.38 of the H200's 0.60% in run 11). Its noise is
+binomial in the off-CPU ticks a thread state pools: at worst (all off-CPU, half of it GIL)
+1/(2 sqrt(n)), 3.2 points at 25 Hz over the 10 s horizon; while calm the py-spy windows are 10 s
+and the horizon widens to 15 s (derive/stacks_window.py), so 12.5 Hz pools 187 ticks: 3.7
+points, inside the +-5 the GIL-wait accuracy asks. The rate is chosen once a second, at each
+harvest, so every thread_kernel second is sampled at one rate and says so (``calm_factor``).
 
 It hears the derived samples on the bus (the budget processor's ``phase``, the stall detector's
 ``stall``, the engine's ``verdict_change``): sources import no derive code, so only the kinds
@@ -28,7 +37,8 @@ CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this 
 # While calm, py-spy's rate is divided by this (20 -> 10 Hz) and the NVML fast loop's interval and
 # GPM's gap multiplied by it (0.1 -> 0.2 s, 0.5 -> 1 s). A calm py-spy window says so with its
 # ``calm_factor``: each of its samples stands for that many of the full rate where samples are
-# counted (derive/thread_samples.py: window_weight).
+# counted (derive/thread_samples.py: window_weight); so does a thread_kernel second sampled at
+# the calm rate (each tick counts for that many, in thread states and the workers' I/O share).
 CALM_FACTOR = 2
 # While calm, py-spy's steady windows are this long instead of 5 s (sources/stacks.py). py-spy has no
 # streaming mode, so each window is a fresh py-spy whose start-up (attach, read the interpreter's
@@ -40,7 +50,7 @@ CALM_FACTOR = 2
 # being calm is cut short (py-spy ends a window early on SIGINT, its file complete), so the
 # stacks of a change are at most one short window late, as before.
 CALM_WINDOW_S = 10
-WEIGHT_FIELD = "calm_factor"   # of a calm window's ``stacks`` sample and a calm ``gpu`` sample
+WEIGHT_FIELD = "calm_factor"   # of a calm ``stacks`` window, ``thread_kernel`` second and ``gpu`` sample
 MAX_WEIGHT = 20                # beyond this it is not what a source writes: taken as 1
 
 

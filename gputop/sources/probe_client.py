@@ -165,7 +165,9 @@ class ProbeClientSource(ThreadedSource):
                     self._maybe_health()
                 self._resume_paused(sel)
                 if not sel.get_map():
-                    self._stop.wait(max(0.0, min(0.2, next_scan - time.monotonic())))
+                    # nothing to read or resume until the next scan (stop() sets the event): one
+                    # wake-up a scan, not five a second, for the common job without the probe
+                    self._stop.wait(max(0.0, next_scan - time.monotonic()))
                     continue
                 for key, _ in sel.select(timeout=max(0.0, min(0.2, next_scan - time.monotonic()))):
                     self._read(sel, key.data)

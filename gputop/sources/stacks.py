@@ -34,7 +34,7 @@ import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
-from gputop.sources.calm import CALM_FACTOR, CALM_WINDOW_S
+from gputop.sources.calm import CALM_FACTOR, CALM_WINDOW_S, WEIGHT_FIELD
 from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
@@ -202,6 +202,7 @@ class StackSource(ThreadedSource):
         self.pyspy_cpu_s = 0.0                 # CPU of all py-spy children so far
         self.sampler_cpu_s = 0.0               # CPU of our own thread so far
         self.kernel_ticks = 0
+        self.kernel_calm = False   # the kernel sampler at 1/CALM_FACTOR of its rate this second (sources/calm.py)
         self._kernel_t0: float | None = None
         self._heartbeat = Heartbeat(HEALTH_EVERY_S)
         self._cost_prev: tuple[float, float, float] | None = None  # (wall, pyspy cpu, own cpu)
@@ -266,7 +267,6 @@ class StackSource(ThreadedSource):
             self._prepare_pyspy()
         except Exception as e:  # never let a surprise kill the source silently
             self.pyspy_state, self.pyspy_message = "failed", f"py-spy check failed: {type(e).__name__}: {e}"
-        mean = 1.0 / self.kernel_rate_hz
         next_emit = time.monotonic() + KERNEL_EMIT_S
         next_health = 0.0
         self._refresh_tree()
@@ -280,6 +280,11 @@ class StackSource(ThreadedSource):
                     next_emit = mono + KERNEL_EMIT_S
                     self._emit_kernel()
                     self._refresh_tree()
+                    # the next second's rate: calm or full, one rate a whole harvest; calm only
+                    # while the py-spy window in flight is a calm one, whose 15 s thread-state
+                    # horizon pools as many ticks as the full rate's 10 s (sources/calm.py)
+                    self.kernel_calm = self.window_s >= self.calm_window_s and self.window_rate_hz < self.rate_hz \
+                        and self.calm is not None and self.calm.calm()
                 if mono >= self._pyspy_poll_at:
                     self._pyspy_step()
                 if mono >= next_health:   # its state changes at most once a window
@@ -293,6 +298,7 @@ class StackSource(ThreadedSource):
             c0 = c1
             # Poisson sampling: exponential gaps never lock onto a periodic step or the
             # GIL's 5 ms switch interval. Capped so a long gap cannot starve a window.
+            mean = CALM_FACTOR / self.kernel_rate_hz if self.kernel_calm else 1.0 / self.kernel_rate_hz
             if self._nap(jittered(mean, self._rng, floor=0.0, cap=4.0)):
                 break
         self._kill_run()
@@ -320,6 +326,8 @@ class StackSource(ThreadedSource):
     def _emit_kernel(self) -> None:
         now = self.clock.now()
         for pid, data in self.kernel.harvest(now, self.target.pid):
+            if self.kernel_calm:   # its ticks at the calm rate: each counts for CALM_FACTOR where counted
+                data[WEIGHT_FIELD] = CALM_FACTOR
             self._emit(Sample(now, KIND_THREAD_KERNEL, str(pid), data))
 
     # -- py-spy ------------------------------------------------------------------------------

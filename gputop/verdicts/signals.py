@@ -19,6 +19,7 @@ from operator import add
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_collectives, pool_steps
+from gputop.derive.thread_samples import window_weight
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
 from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STALL,
@@ -186,13 +187,14 @@ def _worker_io_share(store, since: float, pids: list[str]) -> float | None:
             rows = s.get("threads")
             if not isinstance(rows, list):
                 continue
+            w = window_weight(s.data)   # a calm second's ticks count for the full rate's
             for row in rows:
                 if not (isinstance(row, list) and len(row) > _IO_COL and str(row[0]) == pid):
                     continue
                 counts = row[2:2 + len(WAIT_CLASSES)]
                 if all(type(c) is int and c >= 0 for c in counts):
-                    io += row[_IO_COL]
-                    ticks += sum(counts)
+                    io += row[_IO_COL] * w
+                    ticks += sum(counts) * w
     return io / ticks if ticks else None
 
 
