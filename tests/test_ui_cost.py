@@ -142,3 +142,42 @@ def test_changed_rows_names_the_rows_to_repaint():
     assert changed_rows(old, restyled, 80) == [0]
     assert changed_rows(old, old.copy(), 80) == []
     assert changed_rows(old, Text("GPU0  50%\n" + "x" * 90 + "\n"), 80) is None  # it wraps: rows unknown
+
+
+@async_test
+async def test_a_live_ui_ticks_once_a_second_just_after_its_clock_enters_it():
+    """Live, a draw happens only when the session clock enters a new second, so the app ticks
+    then and only then (at its old 5 Hz, four ticks of five drew nothing and still woke Textual):
+    over 3 s about three ticks, each within a few hundredths of a second after a whole second,
+    each one drawing; a key still draws at once."""
+    import time
+
+    from gputop.session.session import LiveSession, SessionClock
+
+    clock = SessionClock()
+    session = LiveSession([], clock, {})
+    session.start()
+    try:
+        app = GputopApp(session, refresh_hz=5.0, start_view="overview")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            ticks0, draws0 = len(app.tick_log), app.draws
+            at: list[float] = []
+            real_tick = app.tick
+
+            def tick() -> None:
+                at.append(session.now())
+                real_tick()
+            app.tick = tick
+            await pilot.pause(3.0)
+            n_ticks = len(app.tick_log) - ticks0
+            assert 2 <= n_ticks <= 4, n_ticks          # 5 Hz: ~15
+            assert app.draws - draws0 == n_ticks        # every tick draws
+            late = [t - math.floor(t) for t in at]
+            assert late and all(x < 0.25 for x in late), late
+            drawn = app.draws
+            started = time.monotonic()
+            await pilot.press(str([v.id for v in app.view_specs].index("gpus") + 1))
+            assert app.current_view == "gpus" and app.draws > drawn and time.monotonic() - started < 0.5
+    finally:
+        session.stop()

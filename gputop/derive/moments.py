@@ -43,7 +43,11 @@ class GpuBusy:
     """The GPUs' busy fraction as a step function of time: each sample covers the time since
     the one before it. ``source``: "util.gpu", "gpm" (SM active standing in) or None."""
 
-    def __init__(self, store, since: float, keys: list[str]):
+    def __init__(self, store, since: float, keys: list[str], lines_since: float | None = None):
+        """``lines_since``: the step function is needed from then on only (the windows not yet
+        cached: the stall finder looks at 2 minutes every second, and building them all was most
+        of a GpuBusy's cost); which field judges and whether there are readings at all are still
+        decided over everything since ``since``, so the moments are those of the whole look."""
         series = store.window(KIND_GPU, since)
         self.lines: list[tuple[list[float], list[float]]] = []
         self.source = None
@@ -53,16 +57,22 @@ class GpuBusy:
         # is not host time. SM active stands in only where util.gpu is missing.
         util = any(type(s.get("util_gpu")) in _NUM for k in keys for s in series.get(k, ()))
         fieldname, scale = ("util_gpu", 0.01) if util else ("sm_active", 0.01)
+        lo = since if lines_since is None else max(since, lines_since)
         for k in keys:
             ts, vs = [], []
             for s in series.get(k, ()):
+                if s.t < lo:
+                    continue
                 v = s.data.get(fieldname)
                 if type(v) in _NUM:
                     ts.append(s.t)
                     vs.append(min(1.0, max(0.0, v * scale)))
             if ts:
                 self.lines.append((ts, vs))
-        if self.lines:
+        # readings anywhere in the look (not only since lines_since): whether moments are joined
+        self.has_lines = bool(self.lines) or (lo > since and any(
+            type(s.data.get(fieldname)) in _NUM for k in keys for s in series.get(k, ())))
+        if self.has_lines:
             self.source = "util.gpu" if util else "gpm"
         self.newest = max((ts[-1] for ts, _ in self.lines), default=None)
 
@@ -137,14 +147,33 @@ class MomentBuilder:
         """The moments since ``since``, oldest first, and the GPU source that judged them."""
         # (a rank's windows come from py-spy's --subprocesses runs: not "main", still its own)
         stacks = store.window(KIND_STACKS, since).get(pid, [])
-        busy = GpuBusy(store, since - 2.0, gpus)
-        self.with_gpu = self.with_gpu or bool(busy.lines)   # once a session has GPU counters, it has them
+        cache = self._cache
+        # the GPU's step function is needed for the windows not cached yet only (from 2 s before
+        # the earliest of them begins: a window's moments look up the readings at and after them)
+        hits = [hit if (hit := cache.get(id(s))) is not None and hit[0] is s else None for s in stacks]
+        fresh = [s for s, hit in zip(stacks, hits) if hit is None]
+        lines_since = None
+        for s in fresh:
+            t0, dur = s.data.get("t0"), s.data.get("dur_s")
+            t0 = t0 if type(t0) in _NUM else (s.t - dur if type(dur) in _NUM else None)
+            if t0 is None:
+                lines_since = None   # (a malformed window: build them all, as before)
+                break
+            lines_since = t0 - 2.0 if lines_since is None else min(lines_since, t0 - 2.0)
+        else:
+            if not fresh:
+                lines_since = now   # every window cached: readings are not looked up at all
+        busy = GpuBusy(store, since - 2.0, gpus, lines_since)
+        self.with_gpu = self.with_gpu or busy.has_lines   # once a session has GPU counters, it has them
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
         out: list[Moment] = []
-        for s in stacks:
-            hit = self._cache.get(id(s))
-            if hit is not None and hit[0] is s:
-                out.extend(m for m in hit[1] if m.t >= since)
+        for s, hit in zip(stacks, hits):   # (as found above: caching below may evict an older hit)
+            if hit is not None:
+                ms = hit[1]
+                if ms and ms[0].t >= since:   # (a window's moments are in time order)
+                    out.extend(ms)
+                else:
+                    out.extend(m for m in ms if m.t >= since)
                 continue
             ms = self._window(s, pid, busy, kernel)
             settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
@@ -200,7 +229,7 @@ class MomentBuilder:
         mean_busy = None if timed else busy.mean(t0, t0 + dur)
         ms = [Moment(t0 + (i + 0.5) * dt, dt, busy.at(t0 + (i + 0.5) * dt) if timed else mean_busy, nm)
               for i, nm in enumerate(order)]
-        if busy.lines or self.with_gpu:
+        if busy.has_lines or self.with_gpu:
             # with GPU counters, a moment without a GPU sample near it cannot be joined: leave it
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]

@@ -7,12 +7,14 @@ Entry points (what gputop/cli.py calls)::
 
 ``session`` is a LiveSession or a ReplaySession (docs/architecture.md, "Sessions"). The app only
 reads ``store``, ``meta``, ``now()``, ``playback``, ``recording_path``, ``recording_error`` and
-calls ``tick()`` at ``refresh_hz``; it never starts or stops the session: the caller does both
+calls ``tick()`` (see refresh_hz); it never starts or stops the session: the caller does both
 (start before ``run_app``, ``stop()`` after it returns, also on an exception).
 
 Options:
-    refresh_hz  UI ticks per second, 1-20 (default 5). Each tick calls ``session.tick()``; a
-                tick where the session clock entered a new second redraws what changed.
+    refresh_hz  replay ticks per second, 1-20 (default 5). Each tick calls ``session.tick()``; a
+                tick where the session clock entered a new second redraws what changed. A live
+                session ticks once a second, just after its clock enters a new one (the only
+                ticks that draw); keys and resizes draw at once either way.
     history_s   seconds of history in the sparklines (default 60).
     start_view  id of the first view ("overview", "gpus", "procs", "threads", "sources", or one
                 a panel module registered).
@@ -53,6 +55,7 @@ from gputop.ui.sourceinfo import collect_metric_specs
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 REDRAW_AT_LEAST_S = 1.0  # redraw even without new samples, so STALE marks and live sparklines move
+LIVE_TICK_LAG_S = 0.02   # a live tick comes this long after the session clock enters a new second
 # Every time the UI shows is in whole seconds, so a redraw is due when the session clock enters
 # a new second (live: once a second; a replay at 8x: every tick), not at every tick: the screen
 # changes once, in one repaint, where a tick-rate redraw repainted the panels whose numbers moved
@@ -369,11 +372,30 @@ class GputopApp(App[int]):
         self._apply_size(self.size.width, self.size.height)
         self._show_view(self.current_view)
         self.tick()
-        self.set_interval(1.0 / self.refresh_hz, self.tick)
+        if self.session.playback is None:
+            self._live_tick_later()
+        else:
+            self.set_interval(1.0 / self.refresh_hz, self.tick)
+
+    def _live_tick_later(self) -> None:
+        """A live session's clock is the wall's and a draw happens only when it enters a new
+        second, so one tick a second, just after that, draws as often as five ticks a second did:
+        each tick that draws nothing still wakes Textual's timer and message pump (on the 2-core
+        box ~0.1% of a core for the four idle ticks a second). Keys and resizes draw at once."""
+        now = self.session.now()
+        delay = (math.floor(now) + 1.0 - now) + LIVE_TICK_LAG_S if math.isfinite(now) else 1.0
+        self.set_timer(min(max(delay, 0.01), REDRAW_AT_LEAST_S + LIVE_TICK_LAG_S), self._live_tick)
+
+    def _live_tick(self) -> None:
+        try:
+            self.tick()
+        finally:
+            self._live_tick_later()
 
     def on_resize(self, event: events.Resize) -> None:
         self._apply_size(event.size.width, event.size.height)
-        self._drawn_second = None  # redraw at the next tick with the new widths
+        self._drawn_second = None  # redraw with the new widths: now (a live tick is up to 1 s away)
+        self.call_after_refresh(self.tick)
 
     def _apply_size(self, width: int, height: int) -> None:
         small = width < MIN_WIDTH or height < MIN_HEIGHT
