@@ -226,3 +226,42 @@ def test_exit_is_noticed():
     assert first is not None
     t.note_exited()
     assert t.exited_at == first
+
+
+def test_the_sources_together_walk_the_tree_about_once_a_second():
+    """The host source, the stack source's kernel sampler, the probe client and NVML's process
+    read all ask for the tree once a second, out of step; one shared age (TREE_MAX_AGE_S) makes
+    the first asker after it expires walk /proc for all of them, never sooner."""
+    from gputop.session.session import SessionClock
+    from gputop.sources.host import HostSource
+    from gputop.sources.probe_client import ProbeClientSource
+    from gputop.sources.stacks import StackSource
+    from gputop.sources.target import TREE_MAX_AGE_S
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        target = Target(child.pid)
+        walks: list[float] = []
+        real = target._descendants
+
+        def counted(now):
+            walks.append(now)
+            return real(now)
+        target._descendants = counted
+        clock = SessionClock()
+        sources = [HostSource(clock, target), StackSource(clock, target, pyspy="/nonexistent/py-spy"),
+                   ProbeClientSource(clock, target)]
+        for s in sources:
+            s.start(lambda *a: None)
+        time.sleep(1.5)
+        n0 = len(walks)
+        time.sleep(6.0)
+        n = len(walks) - n0
+        for s in sources:
+            s.stop()
+    finally:
+        child.kill()
+        child.wait()
+    gaps = [round(b - a, 3) for a, b in zip(walks[n0:], walks[n0 + 1:])]
+    # at their old ages (0.2, 0.5 and 1 s) walks came 0.2-0.5 s after one another
+    assert 3 <= n <= 8 and min(gaps) >= 0.95 * TREE_MAX_AGE_S, gaps

@@ -48,6 +48,7 @@ from gputop.sources.procfs import (CLK_TCK, F_MAJFLT, F_PPID, F_RSS, F_STIME, F_
 # The role words, re-exported: they were defined here before gputop/sources/procfs.py.
 from gputop.sources.procfs import MP_HELPERS, ROLE_CHILD, ROLE_MAIN, ROLE_WORKER, WORKER_NAMES  # noqa: F401
 from gputop.sources.ranks import RankFinder
+from gputop.sources.target import TREE_MAX_AGE_S
 from gputop.sources.cgroups import Cgroup  # noqa: F401 (re-exported)
 from gputop.sources.system import SystemSampler
 
@@ -323,7 +324,7 @@ class HostSource(ThreadedSource):
             self.target_state = "running"
             self._emit(Sample(t, KIND_TARGET, str(main_pid), self._target_data("running")))
         p1 = clock()
-        tree = self.target.tree(max_age_s=min(0.2, self.interval_s / 2))
+        tree = self.target.tree(max_age_s=min(TREE_MAX_AGE_S, self.interval_s))
         p2 = clock()
         by_pid = {p.pid: p for p in tree}
         for pid in list(self._procs):

@@ -41,7 +41,7 @@ class SlowLoop:
         if self.target is None:
             return None
         try:
-            return {p.pid for p in self.target.tree(max_age_s=1.0)}
+            return {p.pid for p in self.target.tree()}
         except Exception:
             return {self.target.pid}
 

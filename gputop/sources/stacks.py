@@ -307,7 +307,7 @@ class StackSource(ThreadedSource):
         if self._target_gone:
             return
         try:
-            pids = sorted(self.target.tree_pids(max_age_s=1.0), key=lambda p: (p != self.target.pid, p))
+            pids = sorted(self.target.tree_pids(), key=lambda p: (p != self.target.pid, p))
         except Exception:
             pids = [self.target.pid]
         if self.target.pid not in pids or not os.path.exists(f"/proc/{self.target.pid}"):
