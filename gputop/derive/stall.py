@@ -107,6 +107,15 @@ class StallDetector:
         return b.moments(store, pid, now - max(MOMENTS_S, self.idle_s + 10.0), now, gpus)[0]
 
     def _stack_steps(self, pid: str, moments: list) -> None:
+        if pid in self.step_s:
+            # the step time is known: only the newest training moment can move the last step
+            # (a pid's moments are in time order), not a walk over the 2 minutes every second
+            for m in reversed(moments):
+                if m.naming.hint == fr.TRAIN:
+                    if m.t > self.last_step.get(pid, float("-inf")):
+                        self.last_step[pid] = m.t
+                    break
+            return
         starts, prev = [], False
         for m in moments:
             train = m.naming.hint == fr.TRAIN
