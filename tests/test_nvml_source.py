@@ -307,6 +307,34 @@ def test_health_judges_the_loops_rate_against_its_interval_now_and_not_across_a_
     assert health_after(10.0, 1.0, 60.0)["calm"] is False
 
 
+def test_while_calm_the_slow_loop_waits_the_factor_longer():
+    """The slow loop (the processes on each GPU, ~1 Hz) at CALM_FACTOR times its interval while
+    the job is calm, as the fast loop; at its own interval otherwise and with no calm watch (an
+    --interval the user gave)."""
+    from gputop.catalogue import KIND_PHASE
+    from gputop.model import Sample
+
+    def waits(calm) -> list[float]:
+        src = NvmlSource(SessionClock(), calm=calm, slow_interval_s=1.0)
+        src._gap = lambda mean_s: mean_s          # no jitter: the interval asked for
+        src._slow_tick = lambda: None
+        asked: list[float] = []
+
+        def wait(timeout):
+            asked.append(timeout)
+            return len(asked) >= 3
+        src._stop.wait = wait
+        src._slow_main()
+        return asked
+
+    clock = SessionClock()
+    calm = JobCalm(clock, after_s=0.0)
+    assert waits(calm) == [1.0] * 3, "no phase heard: not calm"
+    calm.on_samples([Sample(clock.now(), KIND_PHASE, "main", {"phase": "training", "since": 0.0})])
+    assert waits(calm) == [1.0 * CALM_FACTOR] * 3
+    assert waits(None) == [1.0] * 3
+
+
 def test_pcie_throughput_kb_is_taken_as_1000_bytes():
     assert kbps_to_mibs(1_048_576) == 1000.0
     assert kbps_to_mibs(0) == 0.0

@@ -9,6 +9,7 @@ import math
 import time
 
 from gputop.model import KIND_GPU_PROCS, clean_float
+from gputop.sources.calm import CALM_FACTOR
 from gputop.sources.nvml_errors import _code, _err_code, _is_too_old, nv, nvml_reason
 from gputop.sources.nvml_fields import MIB, PCIE_FIELDS, PROC_SM_EVERY_S
 from gputop.sources.nvml_gpu import _Gpu
@@ -24,7 +25,7 @@ def kbps_to_mibs(kb_per_s: float | None) -> float | None:
 
 class SlowLoop:
     """Needs from the source: ``_call``, ``_read``, ``_note_error``, ``_read_power_limit``,
-    ``_publish``, ``_gap``, ``_lock``, ``_stop``, ``_gpus`` and its choice state (see nvml.py)."""
+    ``_publish``, ``_gap``, ``_lock``, ``_stop``, ``_gpus``, ``calm`` and its choice state (see nvml.py)."""
 
     def _slow_main(self) -> None:
         while True:  # the first tick at once: the GPU choice and gpu_procs should not wait
@@ -34,7 +35,11 @@ class SlowLoop:
                 with self._lock:
                     k = ("-", "slow loop", f"{type(e).__name__}: {e}"[:120])
                     self._transient[k] = self._transient.get(k, 0) + 1
-            if self._stop.wait(self._gap(self.slow_interval_s)):
+            # while the job is calm (sources/calm.py), at CALM_FACTOR times its interval, as the
+            # fast loop: the processes' GPU memory every ~2 s (the energy counter and the
+            # processes' SM % keep their own 5 s cadence)
+            calm = self.calm is not None and self.calm.calm()
+            if self._stop.wait(self._gap(self.slow_interval_s * (CALM_FACTOR if calm else 1))):
                 return
 
     def _tree_pids(self) -> set[int] | None:
