@@ -107,13 +107,14 @@ def job(tmp_path_factory):
         while time.monotonic() < end and any(s.get("state") == "running"
                                              for s in last_by_key(samples, KIND_RANK).values()):
             time.sleep(0.2)
+        live_states = [s.get("state") for s in last_by_key(samples, KIND_RANK).values()]
         session.stop()
         recorder_error = session.recorder.error
     finally:
         kill_group(proc)
     mine = {r: json.loads((tmp / f"own.{r}").read_text()) for r in range(WORLD)}
     yield {"proc": proc, "samples": samples, "tables": tables, "own": mine, "recording": rec, "tmp": tmp,
-           "recorder_error": recorder_error}
+           "recorder_error": recorder_error, "live_states": live_states}
 
 
 def full_tables(job):
@@ -187,6 +188,8 @@ def test_rank_table_joins_the_probe_and_says_what_is_not_known(job):
 
 def test_record_and_replay_keep_rank_identity(job):
     assert job["recorder_error"] is None   # the file has its last seconds (the ranks' exits)
+    # the live session heard every rank's exit before it stopped (else the file cannot have them)
+    assert job["live_states"] == ["exited"] * WORLD, job["live_states"]
     t_mid, live_rows = full_tables(job)[-1]
     session = ReplaySession(str(job["recording"]), processors=[ThreadStateProcessor()], start_playing=False)
     try:

@@ -47,8 +47,8 @@ from gputop.sources.procfs import (CLK_TCK, F_MAJFLT, F_PPID, F_RSS, F_STIME, F_
                                    process_role, schedstat_works)
 # The role words, re-exported: they were defined here before gputop/sources/procfs.py.
 from gputop.sources.procfs import MP_HELPERS, ROLE_CHILD, ROLE_MAIN, ROLE_WORKER, WORKER_NAMES  # noqa: F401
+from gputop.sources.procfs import TREE_MAX_AGE_S
 from gputop.sources.ranks import RankFinder
-from gputop.sources.target import TREE_MAX_AGE_S
 from gputop.sources.cgroups import Cgroup  # noqa: F401 (re-exported)
 from gputop.sources.system import SystemSampler
 

@@ -26,6 +26,15 @@ import threading
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
+# How old a tree every source accepts. The host source (each tick), the stack source's kernel
+# sampler, the probe client's scan and NVML's process read each ask once a second, out of step:
+# with the ages they asked for before (0.2-1 s) the tree was walked ~3 times a second, 0.20% of a
+# core on the H200 (its /proc walk: benchmarks/cpu_profile.py, run 12); at one age of 1 s the
+# first asker after it expires walks it for all, once a second. A new DataLoader worker is seen
+# up to a second later. (Target.tree in sources/target.py reads it; it lives here, in the module
+# the host source imports without psutil.)
+TREE_MAX_AGE_S = 1.0
+
 # /proc state letters in the words psutil uses.
 STATE_WORDS = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
                "t": "tracing-stop", "Z": "zombie", "X": "dead", "x": "dead", "I": "idle",

@@ -25,16 +25,9 @@ import time
 
 import psutil
 
-from gputop.sources.procfs import looks_like_python, read_ppid
+from gputop.sources.procfs import TREE_MAX_AGE_S, looks_like_python, read_ppid
 
 FULL_RESCAN_S = 30.0
-# How old a tree every source accepts. The host source (each tick), the stack source's kernel
-# sampler, the probe client's scan and NVML's process read each ask once a second, out of step:
-# with the ages they asked for before (0.2-1 s) the tree was walked ~3 times a second, 0.20% of a
-# core on the H200 (its /proc walk: benchmarks/cpu_profile.py, run 12); at one age of 1 s the
-# first asker after it expires walks it for all, once a second. A new DataLoader worker is seen
-# up to a second later.
-TREE_MAX_AGE_S = 1.0
 VERIFY_S = 1.0   # how often the cached parents of the tree's members are read again
 
 
