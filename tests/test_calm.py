@@ -266,3 +266,50 @@ def test_a_calm_kernel_second_counts_for_the_full_rates_two_in_the_thread_states
     # a malformed factor is not a weight
     b = next(iter(aggregate([], [second(1.0, {"run": 12}, 10**6)]).values()))
     assert b.k[0] == 12
+
+
+def test_with_workers_calm_windows_keep_their_length_and_the_workers_theirs_every_calm_window():
+    """A job with DataLoader workers (children sampled in a short window every few windows'
+    time): while calm, the children's window comes once per calm window, so the calm main
+    windows keep calm_window_s (they were cut to the children's 10 s schedule: 6-8 s windows on
+    the H200's HF Trainer, run 12) and the kernel sampler is calm all the while; the children are
+    still sampled every calm_window_s + window_s."""
+    from gputop.sources.stacks import KIND_THREAD_KERNEL
+
+    code = ("import ctypes, multiprocessing as mp, os, time, json\n"
+            "def work():\n    ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
+            "    while True: sum(range(1000))\n"
+            "if __name__ == '__main__':\n"
+            "    c = mp.get_context('fork').Process(target=work, daemon=True); c.start()\n"
+            "    print(json.dumps({'pid': os.getpid(), 'child': c.pid}), flush=True)\n"
+            "    while True: time.sleep(0.1)\n")
+    p = Proc(["-c", code])
+    clock = Clock()
+    calm = JobCalm(clock, after_s=0.0)
+    calm.on_samples([_phase(0.0)])
+    try:
+        child = p.first()["child"]
+        src = StackSource(clock, Target(p.pid), rate_hz=20, window_s=1, steady_window_s=2, warm_s=2.0,
+                          subprocess_every=2, calm=calm, calm_window_s=4)
+        got: list = []
+        src.start(got.append)
+
+        def calm_mains() -> list:
+            return [s for s in got if s.kind == KIND_STACKS and s.key == str(p.pid)
+                    and s.data.get("calm_factor") and not s.data["subprocesses"]]
+        try:
+            assert wait_for(lambda: len(calm_mains()) >= 4, 50)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    mains = calm_mains()
+    # every calm main window is calm_window_s long (py-spy's span may fall a little short)
+    assert all(s.data["dur_s"] >= 3.5 for s in mains), [s.data["dur_s"] for s in mains]
+    # the children: a short window after each calm one, so every 4 + 1 s and py-spy's start-ups
+    child_t = [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child) and s.t >= mains[0].t]
+    gaps = [b - a for a, b in zip(child_t, child_t[1:])]
+    assert len(child_t) >= 2 and all(4.5 <= g <= 5 + 2.5 for g in gaps), (child_t, gaps)
+    # the kernel sampler at the calm rate from the first calm window on
+    kern = [s for s in got if s.kind == KIND_THREAD_KERNEL and s.data.get("main") and s.t > mains[0].t]
+    assert kern and sum(bool(s.data.get("calm_factor")) for s in kern) >= 0.8 * len(kern)

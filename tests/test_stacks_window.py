@@ -64,6 +64,12 @@ def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
     assert stacks_window_s(store) == CALM_WINDOW_S
     assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + THREADS_SLACK_S
     assert budget_window_s(store, 20.0) == CALM_WINDOW_S + BUDGET_STACKS_S
+    # while calm, 15 s whatever the window in flight (a workers' 2 s window between calm ones):
+    # the kernel sampler's half rate pools as many ticks as the full one over 10 s
+    store.on_samples([Sample(1.5, KIND_HEALTH, SOURCE_STACKS, health_data("ok", "", window_s=2, calm=True))])
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + THREADS_SLACK_S
+    store.on_samples([Sample(1.6, KIND_HEALTH, SOURCE_STACKS, health_data("ok", "", window_s=2, calm=False))])
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == DEFAULT_HORIZON_S
     # the agent's 20 s windows and its long budget window stay as they are
     store.on_samples([_health(2.0, 20)])
     assert threads_horizon_s(store, 30.0) == 30.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from gputop.catalogue import SOURCE_STACKS
 from gputop.model import KIND_HEALTH
+from gputop.sources.calm import CALM_WINDOW_S
 
 BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
 THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
@@ -30,10 +31,19 @@ def stacks_window_s(store) -> float:
     return min(max(float(w), 1.0), 600.0)
 
 
+def stacks_calm(store) -> bool:
+    """The stack source samples at its calm rates now (its health's ``calm``)."""
+    h = store.latest(KIND_HEALTH, SOURCE_STACKS)
+    return h is not None and h.get("calm") is True
+
+
 def threads_horizon_s(store, horizon_s: float) -> float:
     """The thread states' horizon: ``horizon_s`` or, with a longer window in flight, one window and
-    THREADS_SLACK_S (a calm 10 s window: 15 s)."""
-    return max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
+    THREADS_SLACK_S; while the stack source is calm, at least a calm window and THREADS_SLACK_S
+    (15 s) whatever the window in flight: the kernel sampler's half rate then pools as many ticks
+    as the full rate over 10 s, and a children's window (every 12 s while calm) stays inside."""
+    out = max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
+    return max(out, CALM_WINDOW_S + THREADS_SLACK_S) if stacks_calm(store) else out
 
 
 def budget_window_s(store, window_s: float) -> float:

@@ -281,10 +281,11 @@ class StackSource(ThreadedSource):
                     self._emit_kernel()
                     self._refresh_tree()
                     # the next second's rate: calm or full, one rate a whole harvest; calm only
-                    # while the py-spy window in flight is a calm one, whose 15 s thread-state
-                    # horizon pools as many ticks as the full rate's 10 s (sources/calm.py)
-                    self.kernel_calm = self.window_s >= self.calm_window_s and self.window_rate_hz < self.rate_hz \
-                        and self.calm is not None and self.calm.calm()
+                    # while the py-spy window in flight is a calm one (health says calm), when
+                    # the thread states' horizon is 15 s (derive/stacks_window.py) and pools
+                    # ~as many ticks as the full rate's 10 s (sources/calm.py)
+                    self.kernel_calm = self.window_rate_hz < self.rate_hz and self.calm is not None \
+                        and self.calm.calm()
                 if mono >= self._pyspy_poll_at:
                     self._pyspy_step()
                 if mono >= next_health:   # its state changes at most once a window
@@ -431,6 +432,14 @@ class StackSource(ThreadedSource):
         spread = max(1, round(base * 0.1))
         rate = max(1, base + self._rng.randint(-spread, spread))
         subs_every_s = self.subprocess_every * self.first_window_s
+        calm_windows = calm and base < self.rate_hz
+        if calm_windows:
+            # a calm main window is calm_window_s long and the children's window comes after
+            # each one (~every 13 s), not every 10 s, which cut each calm window to 6-8 s on the
+            # H200's HF Trainer (run 12) and kept the start-ups calm is meant to halve; the
+            # thread states' horizon is 15 s while calm (derive/stacks_window.py), so it still
+            # holds a children's window
+            subs_every_s = max(subs_every_s, self.calm_window_s + self.first_window_s)
         subs = self.has_children and self.subprocess_every > 0 and (
             self.children_all_windows or self._subs_at is None or mono - self._subs_at >= subs_every_s - 0.5)
         if subs:
@@ -439,10 +448,9 @@ class StackSource(ThreadedSource):
         steady = not warm and not (subs and not self.children_all_windows)
         # calm: longer windows, half the start-ups (sources/calm.py: CALM_WINDOW_S), only where the
         # rate is the calm one (its samples say so: calm_factor) and never shorter than asked
-        length = (self.calm_window_s if calm and base < self.rate_hz else self.steady_window_s) \
-            if steady else self.first_window_s
-        if steady and self.has_children and self.subprocess_every > 0 and not self.children_all_windows \
-                and self._subs_at is not None:
+        length = (self.calm_window_s if calm_windows else self.steady_window_s) if steady else self.first_window_s
+        if steady and not calm_windows and self.has_children and self.subprocess_every > 0 \
+                and not self.children_all_windows and self._subs_at is not None:
             # end by the children's next window, so that it starts on time (every ~10 s, as in
             # the warm-up), not a whole steady window later (every 12 s: outside the thread
             # states' 10 s horizon for 2 s of them)
