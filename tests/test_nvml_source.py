@@ -333,6 +333,18 @@ def test_while_calm_the_slow_loop_waits_the_factor_longer():
     calm.on_samples([Sample(clock.now(), KIND_PHASE, "main", {"phase": "training", "since": 0.0})])
     assert waits(calm) == [1.0 * CALM_FACTOR] * 3
     assert waits(None) == [1.0] * 3
+    # never longer than the full rate's longest gap (gpu_procs older than 5 s count as missing in
+    # the rank table and the exporter): a calm jittered gap of 8 s waits 4
+    from gputop.sources import nvml_slow
+    from gputop.sources.nvml import JITTER_CAP
+    assert nvml_slow.SLOW_MAX_GAP_X == JITTER_CAP
+    src = NvmlSource(SessionClock(), calm=calm, slow_interval_s=1.0)
+    src._gap = lambda mean_s: JITTER_CAP * mean_s
+    src._slow_tick = lambda: None
+    asked: list[float] = []
+    src._stop.wait = lambda timeout: asked.append(timeout) or True
+    src._slow_main()
+    assert asked == [JITTER_CAP * 1.0]
 
 
 def test_pcie_throughput_kb_is_taken_as_1000_bytes():

@@ -45,7 +45,7 @@ class GpuBusy:
 
     def __init__(self, store, since: float, keys: list[str], lines_since: float | None = None):
         """``lines_since``: the step function is needed from then on only (the windows not yet
-        cached: the stall finder looks at 2 minutes every second, and building them all was most
+        cached: the stall finder looks at 40 s and more every second, and building them all was most
         of a GpuBusy's cost); which field judges and whether there are readings at all are still
         decided over everything since ``since``, so the moments are those of the whole look."""
         series = store.window(KIND_GPU, since)

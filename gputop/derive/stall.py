@@ -109,7 +109,7 @@ class StallDetector:
     def _stack_steps(self, pid: str, moments: list) -> None:
         if pid in self.step_s:
             # the step time is known: only the newest training moment can move the last step
-            # (a pid's moments are in time order), not a walk over the 2 minutes every second
+            # (a pid's moments are in time order), not a walk over its 40 s and more every second
             for m in reversed(moments):
                 if m.naming.hint == fr.TRAIN:
                     if m.t > self.last_step.get(pid, float("-inf")):

@@ -47,7 +47,7 @@ from gputop.export.http_server import (ANSWER_TIMEOUT_S, EXPORTER_SOURCE, HEALTH
 DEFAULT_HOST = "127.0.0.1"   # loopback unless the user says otherwise: metrics name processes
 DEFAULT_PORT = 9464          # the port OpenTelemetry's Prometheus exporters use by convention
 PREFIX = "gputop_"
-STALE_S = 5.0                # a series not refreshed for this long is gone (sources send every <= 3 s)
+STALE_S = 5.0                # a series not refreshed for this long is gone (sources send every <= 4 s)
 GPM_MAX_AGE_S = GPM_HOLD_S   # newest non-None GPM value, at most this much older than its series
 MAX_PARENT_HOPS = 16         # a process without its own rank inherits its nearest ancestor's
 

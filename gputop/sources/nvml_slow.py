@@ -14,6 +14,8 @@ from gputop.sources.nvml_errors import _code, _err_code, _is_too_old, nv, nvml_r
 from gputop.sources.nvml_fields import MIB, PCIE_FIELDS, PROC_SM_EVERY_S
 from gputop.sources.nvml_gpu import _Gpu
 
+SLOW_MAX_GAP_X = 4.0   # the slow loop's longest gap, in intervals (nvml.JITTER_CAP: the full rate's)
+
 
 def kbps_to_mibs(kb_per_s: float | None) -> float | None:
     """nvmlDeviceGetPcieThroughput's "KB/s" -> MiB/s. NVML does not say whether KB is 1000 or
@@ -39,7 +41,11 @@ class SlowLoop:
             # fast loop: the processes' GPU memory every ~2 s (the energy counter and the
             # processes' SM % keep their own 5 s cadence)
             calm = self.calm is not None and self.calm.calm()
-            if self._stop.wait(self._gap(self.slow_interval_s * (CALM_FACTOR if calm else 1))):
+            # (the jittered gap capped at what the full rate's can be, 4 intervals: gpu_procs
+            # older than 5 s count as missing in the rank table and the exporter)
+            gap = min(self._gap(self.slow_interval_s * (CALM_FACTOR if calm else 1)),
+                      SLOW_MAX_GAP_X * self.slow_interval_s)
+            if self._stop.wait(gap):
                 return
 
     def _tree_pids(self) -> set[int] | None:

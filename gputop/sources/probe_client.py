@@ -165,9 +165,13 @@ class ProbeClientSource(ThreadedSource):
                     self._maybe_health()
                 self._resume_paused(sel)
                 if not sel.get_map():
-                    # nothing to read or resume until the next scan (stop() sets the event): one
-                    # wake-up a scan, not five a second, for the common job without the probe
-                    self._stop.wait(max(0.0, next_scan - time.monotonic()))
+                    # no probe connected: nothing to read or resume until the next scan (stop()
+                    # sets the event), one wake-up a scan, not five a second, for the common job
+                    # without the probe; a connection paused over its byte budget resumes soon
+                    wait = next_scan - time.monotonic()
+                    if self._conns:
+                        wait = min(wait, 0.2)
+                    self._stop.wait(max(0.0, wait))
                     continue
                 for key, _ in sel.select(timeout=max(0.0, min(0.2, next_scan - time.monotonic()))):
                     self._read(sel, key.data)

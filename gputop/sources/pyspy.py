@@ -97,7 +97,10 @@ class _Run:
         sampled (the profile's endValue), so the window is complete, only shorter."""
         self.cut = True
         try:
-            self.proc.send_signal(signal.SIGINT)
+            # os.kill, not Popen.send_signal: that polls first and may reap py-spy itself, and
+            # the caller's wait4 would then lose its rusage (py-spy's CPU); the caller's wait4
+            # has just seen it unreaped, so the pid is still py-spy's
+            os.kill(self.proc.pid, signal.SIGINT)
         except OSError:
             pass
 

@@ -75,8 +75,9 @@ DEFAULT_WINDOW_S = 2          # seconds per py-spy run (py-spy takes whole secon
 # 2 s, so a change seen only in the stacks (a new wait, a stall of a job without the probe) is
 # named up to 3 s later. The warm-up keeps 2 s windows, so the first look at a job is as quick
 # as before. The windows still fit the processors': the budget's 20 s window holds >= 15 s of
-# stacks, a thread state's 10 s horizon one whole window plus its fold (gputop/agent/job.py:
-# widen_windows' rule, checked by tests/test_stacks_steady.py).
+# stacks, a thread state's 10 s horizon one whole window plus its fold (and both widen with a
+# longer window in flight: gputop/derive/stacks_window.py; the agent's once at start,
+# gputop/agent/job.py widen_windows; checked by tests/test_stacks_steady.py).
 STEADY_WINDOW_S = 5
 WARM_S = 20.0
 # ...and, where the session judges phases (the budget processor's "phase" samples, heard in
@@ -174,7 +175,8 @@ class StackSource(ThreadedSource):
         # at the full rate and scans /proc for new ones): children get one first-length window
         # (2 s) every subprocess_every first-length windows' time (10 s; the agent: 20 s every
         # 400 s), whatever length the main process's windows have grown to: the thread states'
-        # 10 s horizon then always holds one of the workers' windows.
+        # 10 s horizon then always holds one of the workers' windows (while calm, one after each
+        # calm window, inside the 15 s horizon of then: _spawn).
         self.subprocess_every = max(0, int(subprocess_every))
         self._subs_at: float | None = None    # monotonic start of the last children's window
         self.has_children = False
