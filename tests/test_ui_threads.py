@@ -148,3 +148,36 @@ async def test_a_failed_sampler_is_one_clear_line(tmp_path):
         assert first.startswith("stacks failed: py-spy not found") and "pip install py-spy" in first
         assert "MainThread" in text or "python" in text  # kernel-only thread states still drawn
         assert pilot.app.tick_errors == 0
+
+
+@async_test
+async def test_the_threads_title_says_the_horizon_its_states_are_over():
+    """The thread states are over 10 s, and over 15 s while the stack source is calm
+    (derive/stacks_window.py): the Threads view's title says which, from the same function,
+    replaying an H200 HF Trainer job before and during its calm part."""
+    import pathlib
+
+    from gputop.catalogue import SOURCE_STACKS
+    from gputop.model import KIND_HEALTH
+    from gputop.verdicts import default_processors
+
+    path = pathlib.Path(__file__).parent / "data" / "h200" / "calm" / "hf_trainer-pid.gtrec"
+    session = ReplaySession(str(path), processors=default_processors(), start_playing=False)
+    try:
+        from gputop.session.recording_reader import RecordingReader
+        with RecordingReader(str(path)) as r:
+            health = [s for s in r.samples() if s.kind == KIND_HEALTH and s.key == SOURCE_STACKS]
+        calm_t = next(s.t for s in health if s.data.get("calm") is True)
+        app = GputopApp(session, start_view="threads")
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = app.query_one(ThreadStatesPanel)
+            session.seek(calm_t - 20.0)
+            app.redraw_now()
+            await pilot.pause()
+            assert "last 10 s" in str(panel.border_title), panel.border_title
+            session.seek(calm_t + 20.0)
+            app.redraw_now()
+            await pilot.pause()
+            assert "last 15 s" in str(panel.border_title), panel.border_title
+    finally:
+        session.stop()

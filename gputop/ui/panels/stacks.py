@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gputop.derive.threads import KIND_THREAD_STATE, STATES, hot_frames
+from gputop.derive.stacks_window import threads_horizon_s
+from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, STATES, hot_frames
 from gputop.derive.threads import METRICS as THREAD_METRICS
 from gputop.sources.stacks import KIND_STACKS, SOURCE_NAME
 from gputop.ui import fmt
@@ -113,13 +114,18 @@ class ThreadStatesPanel(TextPanel):
     VIEW = "threads"
     ORDER = 10
     NEEDS = (KIND_THREAD_STATE,)
-    TITLE = "What each thread does (last 10 s; click a thread to see its hot frames in Stacks)"
+    TITLE_OF = "What each thread does (last {:g} s; click a thread to see its hot frames in Stacks)"
+    TITLE = TITLE_OF.format(DEFAULT_HORIZON_S)
     METRICS = THREAD_METRICS
 
     def shown(self, snap: Snapshot) -> bool:
         return KIND_THREAD_STATE in snap.kinds or SOURCE_NAME in snap.health()
 
     def draw(self, snap: Snapshot, width: int) -> Text:
+        # the horizon the thread states are over now (15 s while calm: derive/stacks_window.py)
+        title = self.TITLE_OF.format(round(threads_horizon_s(snap.store, DEFAULT_HORIZON_S)))
+        if self.border_title != title:
+            self.border_title = title
         out = Text()
         out.append_text(sampler_line(snap))
         rows = current_states(snap)
