@@ -73,3 +73,14 @@ def wait_for(pred, timeout: float, step: float = 0.05):
             return got
         time.sleep(step)
     return pred()
+
+
+# A Python process with one forked child named like a DataLoader worker (torch's pt_data_worker),
+# which prints {"pid", "child"} and idles: the stack source samples such children in short windows.
+WORKER_PARENT = ("import ctypes, multiprocessing as mp, os, time, json\n"
+                 "def work():\n    ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
+                 "    while True: sum(range(1000))\n"
+                 "if __name__ == '__main__':\n"
+                 "    c = mp.get_context('fork').Process(target=work, daemon=True); c.start()\n"
+                 "    print(json.dumps({'pid': os.getpid(), 'child': c.pid}), flush=True)\n"
+                 "    while True: time.sleep(0.1)\n")

@@ -13,7 +13,7 @@ from gputop.sources.calm import CALM_AFTER_S, CALM_FACTOR, JobCalm
 from gputop.sources.stacks import KIND_STACKS, StackSource
 from gputop.sources.target import Target
 
-from stacks_helpers import Clock, Proc, wait_for, workload
+from stacks_helpers import WORKER_PARENT, Clock, Proc, wait_for, workload
 
 pytestmark = pytest.mark.timeout(60)
 CALM_RATE_HZ = 20 // CALM_FACTOR   # of the default 20 Hz
@@ -276,14 +276,7 @@ def test_with_workers_calm_windows_keep_their_length_and_the_workers_theirs_ever
     still sampled every calm_window_s + window_s."""
     from gputop.sources.stacks import KIND_THREAD_KERNEL
 
-    code = ("import ctypes, multiprocessing as mp, os, time, json\n"
-            "def work():\n    ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
-            "    while True: sum(range(1000))\n"
-            "if __name__ == '__main__':\n"
-            "    c = mp.get_context('fork').Process(target=work, daemon=True); c.start()\n"
-            "    print(json.dumps({'pid': os.getpid(), 'child': c.pid}), flush=True)\n"
-            "    while True: time.sleep(0.1)\n")
-    p = Proc(["-c", code])
+    p = Proc(["-c", WORKER_PARENT])
     clock = Clock()
     calm = JobCalm(clock, after_s=0.0)
     calm.on_samples([_phase(0.0)])

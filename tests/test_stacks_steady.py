@@ -13,7 +13,7 @@ from gputop.sources.stacks import KIND_STACKS, StackSource
 from gputop.sources.target import Target
 from gputop.verdicts import default_processors
 
-from stacks_helpers import Clock, Proc, wait_for, workload
+from stacks_helpers import WORKER_PARENT, Clock, Proc, wait_for, workload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,14 +137,7 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
     """DataLoader workers are sampled in a first-length window every subprocess_every such
     windows' time, however long the main process's windows have grown: the thread states'
     horizon always holds one of theirs."""
-    code = ("import ctypes, multiprocessing as mp, os, time, json\n"
-            "def work():\n    ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
-            "    while True: sum(range(1000))\n"
-            "if __name__ == '__main__':\n"
-            "    c = mp.get_context('fork').Process(target=work, daemon=True); c.start()\n"
-            "    print(json.dumps({'pid': os.getpid(), 'child': c.pid}), flush=True)\n"
-            "    while True: time.sleep(0.1)\n")
-    p = Proc(["-c", code])
+    p = Proc(["-c", WORKER_PARENT])
     try:
         child = p.first()["child"]
         src = StackSource(Clock(), Target(p.pid), rate_hz=20, window_s=1, steady_window_s=3, warm_s=2.0,
