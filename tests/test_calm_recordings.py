@@ -25,6 +25,7 @@ from gputop.verdicts import default_processors
 
 CALM = pathlib.Path(__file__).resolve().parent / "data" / "h200" / "calm"
 RECORDINGS = sorted(p.name for p in CALM.glob("*.gtrec"))
+RECORDED_FACTOR = 2   # the calm factor of the code that recorded them (CALM_FACTOR is 4 since)
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,7 +54,7 @@ def test_the_files_were_recorded_calm():
         assert 70 <= since <= 100 and end - since >= 40, (name, since, end)
         main = [s for s in _samples(name) if s.kind == KIND_STACKS and s.get("main")]
         calm = [s for s in main if s.get("t0") >= since + 1]
-        assert len(calm) >= 5 and all(abs(s.get("rate_hz") - 20 // CALM_FACTOR) <= 1 for s in calm), name
+        assert len(calm) >= 5 and all(abs(s.get("rate_hz") - 20 // RECORDED_FACTOR) <= 1 for s in calm), name
         before = [s for s in main if s.t < since - 5]
         assert all(s.get("rate_hz") >= 18 for s in before), name
         gpu = [s.t for s in _samples(name) if s.kind == KIND_GPU and s.t >= since + 2]
@@ -77,9 +78,9 @@ def test_the_verdict_holds_through_the_calm_part(name):
         assert abs(sum(v for v in shares.values() if v is not None) - 1.0) <= 0.02, (s.t, shares)
 
 
-def test_a_calm_windows_samples_count_twice_where_samples_are_counted():
-    """Hot frames and thread states count samples: a calm window's (half the rate) stand for
-    twice as many of the full rate, so a calm second weighs what a full-rate second does in a
+def test_a_calm_windows_samples_count_calm_factor_times_where_samples_are_counted():
+    """Hot frames and thread states count samples: a calm window's (a quarter of the rate) stand
+    for CALM_FACTOR as many of the full rate, so a calm second weighs what a full-rate second does in a
     share over a span that mixes both (the report's stacks section over a long recording)."""
     from dataclasses import replace
 
@@ -94,9 +95,10 @@ def test_a_calm_windows_samples_count_twice_where_samples_are_counted():
     a, b = HotCounts(), HotCounts()
     a.add_sample(calm)
     b.add_sample(plain)
-    assert a.n_all == 2 * b.n_all > 0
-    assert a.self_n == Counter({k: 2 * v for k, v in b.self_n.items()})
+    assert a.n_all == CALM_FACTOR * b.n_all > 0
+    assert a.self_n == Counter({k: CALM_FACTOR * v for k, v in b.self_n.items()})
     weighted, unweighted = _classify_sample(calm), _classify_sample(plain)
     assert set(weighted) == set(unweighted)
     for tid, (_name, n, cats, _leaf, _worker) in weighted.items():
-        assert n == 2 * unweighted[tid][1] and cats == Counter({k: 2 * v for k, v in unweighted[tid][2].items()})
+        assert n == CALM_FACTOR * unweighted[tid][1] and \
+            cats == Counter({k: CALM_FACTOR * v for k, v in unweighted[tid][2].items()})

@@ -1,7 +1,7 @@
 """The windows that must hold one py-spy window in flight (gputop/derive/stacks_window.py).
 
-While calm, py-spy's windows are 10 s long (sources/calm.py: CALM_WINDOW_S) and their samples
-arrive when a window ends, so just before the next one lands the newest stacks are 10 s old plus
+While calm, py-spy's windows are 20 s long (sources/calm.py: CALM_WINDOW_S) and their samples
+arrive when a window ends, so just before the next one lands the newest stacks are 20 s old plus
 the fold. The thread states' 10 s horizon would then hold no stacks at all and the threads
 would lose their frames every other second; the horizon widens with the window the stacks
 source's health says is in flight. Shown on a real py-spy window of an H200 HF Trainer job.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pathlib
 
 from gputop.catalogue import KIND_STACKS, SOURCE_STACKS
-from gputop.derive.stacks_window import (BUDGET_STACKS_S, NO_HEALTH_WINDOW_S, THREADS_SLACK_S, budget_window_s,
-                                         stacks_window_s, threads_horizon_s)
+from gputop.derive.stacks_window import (BUDGET_STACKS_S, CALM_STRETCH, NO_HEALTH_WINDOW_S, THREADS_SLACK_S,
+                                         budget_window_s, stacks_window_s, threads_horizon_s)
 from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, ThreadStateProcessor
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_reader import RecordingReader
@@ -64,10 +64,15 @@ def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
     assert stacks_window_s(store) == CALM_WINDOW_S
     assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + THREADS_SLACK_S
     assert budget_window_s(store, 20.0) == CALM_WINDOW_S + BUDGET_STACKS_S
-    # while calm, 15 s whatever the window in flight (a workers' 2 s window between calm ones):
-    # the kernel sampler's half rate pools as many ticks as the full one over 10 s
+    # while calm, 30 s whatever the window in flight (a workers' 2 s window between calm ones),
+    # and the budget twice its seconds of stacks: the calm rates are a quarter of the full ones
+    store.on_samples([Sample(1.4, KIND_HEALTH, SOURCE_STACKS,
+                             health_data("ok", "", window_s=CALM_WINDOW_S, calm=True))])
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + CALM_STRETCH * THREADS_SLACK_S == 30
+    assert budget_window_s(store, 20.0) == CALM_WINDOW_S + CALM_STRETCH * BUDGET_STACKS_S == 40
     store.on_samples([Sample(1.5, KIND_HEALTH, SOURCE_STACKS, health_data("ok", "", window_s=2, calm=True))])
-    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + THREADS_SLACK_S
+    assert threads_horizon_s(store, DEFAULT_HORIZON_S) == CALM_WINDOW_S + CALM_STRETCH * THREADS_SLACK_S
+    assert budget_window_s(store, 20.0) == 2 + CALM_STRETCH * BUDGET_STACKS_S
     store.on_samples([Sample(1.6, KIND_HEALTH, SOURCE_STACKS, health_data("ok", "", window_s=2, calm=False))])
     assert threads_horizon_s(store, DEFAULT_HORIZON_S) == DEFAULT_HORIZON_S
     # the agent's 20 s windows and its long budget window stay as they are

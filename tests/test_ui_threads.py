@@ -152,7 +152,7 @@ async def test_a_failed_sampler_is_one_clear_line(tmp_path):
 
 @async_test
 async def test_the_threads_title_says_the_horizon_its_states_are_over():
-    """The thread states are over 10 s, and over 15 s while the stack source is calm
+    """The thread states are over 10 s, and over 30 s while the stack source is calm
     (derive/stacks_window.py): the Threads view's title says which, from the same function,
     replaying an H200 HF Trainer job before and during its calm part."""
     import pathlib
@@ -178,6 +178,6 @@ async def test_the_threads_title_says_the_horizon_its_states_are_over():
             session.seek(calm_t + 20.0)
             app.redraw_now()
             await pilot.pause()
-            assert "last 15 s" in str(panel.border_title), panel.border_title
+            assert "last 30 s" in str(panel.border_title), panel.border_title
     finally:
         session.stop()

@@ -170,7 +170,7 @@ class BudgetProcessor:
         dur = float(dur) if type(dur) in (int, float) and 0 < dur < 600 else 2.0
         ms, _src = self.builder.moments(store, pid, s.t - dur - 0.5, now, gpus)
         ms = [m for m in ms if m.t <= s.t and m.t > self.done_t]
-        # a calm window (half the rate: sources/calm.py) has half the moments in the same time:
+        # a calm window (1/calm_factor of the rate: sources/calm.py) has that share of the moments in the same time:
         # its spans are as long as a full-rate window's, so a 1 s checkpoint fills the same share
         return self._judge_moments(ms, s.t, probe, max(1, PHASE_SPAN_MOMENTS // window_weight(s.data)))
 

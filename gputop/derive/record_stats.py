@@ -25,8 +25,8 @@ _MERGE_LAST = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET)
 _HEALTH_RANK = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}
 
 
-# A gpu sample taken while the job was calm (gputop/sources/calm.py: the NVML loop at half its
-# rate) says how many samples of the full rate it stands for; every statistic counts it that many
+# A gpu sample taken while the job was calm (gputop/sources/calm.py: the NVML loop at a quarter of
+# its rate) says how many samples of the full rate it stands for; every statistic counts it that many
 # times, so a mean, a percentile or a share over a recording that mixes both rates is one over time.
 def sample_weights(cols: dict, n: int) -> list[int] | None:
     """Each row's weight (1, or its ``calm_factor``); None when every row weighs 1."""

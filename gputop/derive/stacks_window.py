@@ -2,10 +2,16 @@
 
 py-spy's samples arrive only when its window ends, so a processor that reads stacks over the last
 N seconds sees none when N is shorter than a window (plus the fold and a derive tick). The stacks
-source's health says the window in flight (``window_s``): 2 s in the warm-up, 5 s steady, 10 s
+source's health says the window in flight (``window_s``): 2 s in the warm-up, 5 s steady, 20 s
 while calm (sources/calm.py: CALM_WINDOW_S), the agent's 20 s. The budget's window and the thread
 states' horizon are widened from it (here) and, for the agent's fixed long windows, once at start
 (agent/job.py: widen_windows).
+
+Just before a window lands, these windows hold only what lies beyond the window in flight (the
+slack, the budget's seconds of stacks); while calm py-spy samples at a quarter of the full rate,
+so both are CALM_STRETCH times longer then: at worst half the full rate's samples (as many as
+the calm 10 Hz of before gave), and the kernel sampler's calm 6.25 Hz pools ~190 ticks over the
+30 s horizon (sources/calm.py).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from gputop.sources.calm import CALM_WINDOW_S
 
 BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
 THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
+CALM_STRETCH = 2         # while calm: THREADS_SLACK_S and BUDGET_STACKS_S this many times longer
 NO_HEALTH_WINDOW_S = 2.0  # a recording without the stacks source's health: its first windows
 
 
@@ -39,13 +46,17 @@ def stacks_calm(store) -> bool:
 
 def threads_horizon_s(store, horizon_s: float) -> float:
     """The thread states' horizon: ``horizon_s`` or, with a longer window in flight, one window and
-    THREADS_SLACK_S; while the stack source is calm, at least a calm window and THREADS_SLACK_S
-    (15 s) whatever the window in flight: the kernel sampler's half rate then pools as many ticks
-    as the full rate over 10 s, and a children's window (every 12 s while calm) stays inside."""
-    out = max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
-    return max(out, CALM_WINDOW_S + THREADS_SLACK_S) if stacks_calm(store) else out
+    THREADS_SLACK_S; while the stack source is calm, at least a calm window and twice the slack
+    (30 s) whatever the window in flight, so that a children's window (every ~22 s while calm)
+    stays inside and the calm rates pool enough samples (module docstring)."""
+    if stacks_calm(store):
+        slack = THREADS_SLACK_S * CALM_STRETCH
+        return max(horizon_s, stacks_window_s(store) + slack, CALM_WINDOW_S + slack)
+    return max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
 
 
 def budget_window_s(store, window_s: float) -> float:
-    """The budget's window: ``window_s`` or one window in flight and BUDGET_STACKS_S of stacks."""
-    return max(window_s, stacks_window_s(store) + BUDGET_STACKS_S)
+    """The budget's window: ``window_s`` or one window in flight and BUDGET_STACKS_S of stacks
+    (twice that while the stack source is calm: module docstring)."""
+    stacks_s = BUDGET_STACKS_S * (CALM_STRETCH if stacks_calm(store) else 1)
+    return max(window_s, stacks_window_s(store) + stacks_s)

@@ -1,27 +1,31 @@
 """Whether the watched job is *calm*: one phase for a minute, no verdict turning on or off, no
-stall. While it is, the stack source samples py-spy, the kernel-wait sampler and the NVML fast
-loop at ``CALM_FACTOR`` times fewer samples a second (gputop/sources/stacks.py, nvml.py): what watching
-costs then is spent on noticing a change, and anything that changes makes it unsettled again, so
-the next minute is sampled at the full rates.
+stall. While it is, the stack source samples py-spy and the kernel-wait sampler, and the NVML
+fast loop samples the GPUs, ``CALM_FACTOR`` (4) times less often (gputop/sources/stacks.py,
+nvml.py): what watching costs then is spent on noticing a change, and anything that changes
+makes it unsettled again, so the next minute is sampled at the full rates.
 
 Why this trade (issue 14): the full rates buy the accuracy of a *first* judgement (a share near
 a verdict's threshold, a short stall's moments), and once a verdict has held for a minute the
-engine's hysteresis (ENTER_S, LEAVE_S, LEAVE_LEVEL in verdicts/engine.py) keeps it on through
-the extra noise of half the samples (a 25% share at 10 Hz over the 10 s thread-state window has
-4.3 points of binomial noise; the verdict leaves only below 80% of its 20% threshold for 5 s);
-if the noise did turn one off, that change itself brings the full rates back. A stall makes the
-loop unsettled from its first second (the stall detector's sample), so a stall's own stacks are
-sampled at the full rate from then on. What it costs: a change that shows only in the stacks
-(a new wait that no verdict names yet) is first judged on 10 Hz samples.
+engine's hysteresis (ENTER_S, LEAVE_S, LEAVE_LEVEL in verdicts/engine.py) keeps it on; the
+calm rates pool as many samples as the full rates do, over a wider window: py-spy at 5 Hz in
+20 s windows over the thread states' 25 s horizon (derive/stacks_window.py) pools ~125 samples
+a thread, the full rate's 20 Hz over 10 s 200 (a 25% share: 3.9 points of binomial noise calm,
+3.1 at the full rate; the verdict leaves only below 80% of its 20% threshold for 5 s); if the
+noise did turn one off, that change itself brings the full rates back. A stall makes the loop
+unsettled from its first second (the stall detector's sample), the calm window in flight is cut
+within a second, so a stall's own stacks are sampled at the full rate from then on. What it
+costs: a change that shows only in the stacks (a new wait that no verdict names yet) is first
+judged on 5 Hz samples, up to one calm window (20 s) late, over a 25 s horizon.
 
-The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 12.5 Hz while calm: its
+The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 6.25 Hz while calm: its
 wake-ups were most of the stack thread's CPU (~250 us of CPU each on a torch process, the
 sleep's wake-up and a cold cache included: 0.38 of the H200's 0.60% in run 11). Its noise is
 binomial in the off-CPU ticks a thread state pools: at worst (all off-CPU, half of it GIL)
-1/(2 sqrt(n)), 3.2 points at 25 Hz over the 10 s horizon; while calm the py-spy windows are 10 s
-and the horizon widens to 15 s (derive/stacks_window.py), so 12.5 Hz pools 187 ticks: 3.7
-points, inside the +-5 the GIL-wait accuracy asks. The rate is chosen once a second, at each
-harvest, so every thread_kernel second is sampled at one rate and says so (``calm_factor``).
+1/(2 sqrt(n)), 3.2 points at 25 Hz over the 10 s horizon; while calm the horizon is 25 s, so
+6.25 Hz pools 156 ticks: 4.0 points, inside the +-5 the GIL-wait accuracy asks
+(benchmarks/gil_accuracy.py at the calm rates: docs/benchmarks.md). The rate is chosen once a
+second, at each harvest, so every thread_kernel second is sampled at one rate and says so
+(``calm_factor``).
 
 It hears the derived samples on the bus (the budget processor's ``phase``, the stall detector's
 ``stall``, the engine's ``verdict_change``): sources import no derive code, so only the kinds
@@ -34,22 +38,28 @@ from __future__ import annotations
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 
 CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this long: calm
-# While calm, py-spy's rate is divided by this (20 -> 10 Hz) and the NVML fast loop's interval and
-# GPM's gap multiplied by it (0.1 -> 0.2 s, 0.5 -> 1 s). A calm py-spy window says so with its
-# ``calm_factor``: each of its samples stands for that many of the full rate where samples are
-# counted (derive/thread_samples.py: window_weight); so does a thread_kernel second sampled at
-# the calm rate (each tick counts for that many, in thread states and the workers' I/O share).
-CALM_FACTOR = 2
+# While calm, py-spy's rate and the kernel-wait sampler's are divided by this (20 -> 5 Hz, 25 ->
+# 6.25 Hz) and the NVML fast loop's interval multiplied by it (0.1 -> 0.4 s). A calm py-spy window
+# says so with its ``calm_factor``: each of its samples stands for that many of the full rate where
+# samples are counted (derive/thread_samples.py: window_weight); so do a thread_kernel second and
+# a gpu sample taken at the calm rate (each counts for that many in thread states, the workers'
+# I/O share and the report's statistics).
+CALM_FACTOR = 4
+# GPM's gap (0.5 -> 1 s) and NVML's slow loop (the processes on each GPU, 1 -> 2 s) stretch by
+# this much only: their readers hold a value for a fixed time (GPM_HOLD_S, 3 s: two GPM snapshots
+# are then at most 1 s and one calm fast-loop gap, 1.6 s, apart; gpu_procs older than 5 s count
+# as missing in the rank table and the exporter).
+CALM_HELD_FACTOR = 2
 # While calm, py-spy's steady windows are this long instead of 5 s (sources/stacks.py). py-spy has no
 # streaming mode, so each window is a fresh py-spy whose start-up (attach, read the interpreter's
 # symbols) costs what ~40 samples do (2-core box: 18 ms of CPU a start, 0.42 ms a sample at 10 Hz):
-# at the calm 10 Hz, 5 s windows spent half of py-spy's CPU on start-ups, 10 s windows a third.
-# What it costs: while calm, a window's stacks arrive up to 10 s after they were sampled; the
-# thread states' and the time budget's windows widen with the window in flight
+# at the calm 5 Hz, 10 s windows spent nearly half of py-spy's CPU on start-ups, 20 s windows
+# under a third. What it costs: while calm, a window's stacks arrive up to 20 s after they were
+# sampled; the thread states' and the time budget's windows widen with the window in flight
 # (derive/stacks_window.py), so they always hold one. The window in flight when the job stops
 # being calm is cut short (py-spy ends a window early on SIGINT, its file complete), so the
 # stacks of a change are at most one short window late, as before.
-CALM_WINDOW_S = 10
+CALM_WINDOW_S = 20
 WEIGHT_FIELD = "calm_factor"   # of a calm ``stacks`` window, ``thread_kernel`` second and ``gpu`` sample
 MAX_WEIGHT = 20                # beyond this it is not what a source writes: taken as 1
 
@@ -61,7 +71,7 @@ def weight_of(value) -> int:
     return value if type(value) is int and 1 <= value <= MAX_WEIGHT else 1
 _HEARD = frozenset((KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE))
 # what a calm source's health adds to its line in the UI's Sources view
-CALM_NOTE = (f"calm: half the usual sampling rate while the job holds still (one phase, no verdict change "
+CALM_NOTE = (f"calm: a quarter of the usual sampling rate while the job holds still (one phase, no verdict change "
              f"and no stall for {CALM_AFTER_S:.0f} s)")
 
 
@@ -115,4 +125,4 @@ class JobCalm:
             and self.clock.now() - at >= self.after_s
 
     def describe(self) -> dict:
-        return {"after_s": self.after_s, "factor": CALM_FACTOR}
+        return {"after_s": self.after_s, "factor": CALM_FACTOR, "held_factor": CALM_HELD_FACTOR}

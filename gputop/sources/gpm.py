@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gputop.model import clean_float
+from gputop.sources.calm import CALM_HELD_FACTOR
 from gputop.sources.nvml_errors import _code, _is_too_old, is_permanent, nv, nvml_reason
 from gputop.sources.nvml_fields import (GPM_EVERY_S, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, NVLINK_FIELDS,
                                        PCIE_FIELDS)
@@ -155,7 +156,8 @@ class GpmReadings:
         if gpm.t_old is None:  # no baseline yet (the first snapshot failed, or newly watched)
             self._gpm_snapshot(gpu, gpm, first=True)
             return None
-        if not gpm.gate.due(time.monotonic(), self._interval_factor):
+        # while calm GPM stretches less than the fast loop (sources/calm.py: CALM_HELD_FACTOR)
+        if not gpm.gate.due(time.monotonic(), min(self._interval_factor, CALM_HELD_FACTOR)):
             return None
         now = self._gpm_snapshot(gpu, gpm)
         if now is None:

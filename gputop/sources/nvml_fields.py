@@ -26,8 +26,8 @@ GPM_EVERY_S = 0.5
 # How long a GPM value stands for "now" in views that show the latest one (the UI's current
 # values, the ranks table, the stall snapshot): the fast loop's gap is at most 4x its 0.1 s
 # interval, so two snapshots are at most ~0.9 s apart on a machine that keeps up, and while the job
-# is calm (sources/calm.py: GPM_EVERY_S and the interval doubled) ~1.8 s; 3 s leaves room for a
-# busy one without showing a value from a different phase of the job.
+# is calm (sources/calm.py: GPM_EVERY_S doubled, the interval x4) ~2.6 s; 3 s leaves room for
+# that without showing a value from a different phase of the job.
 GPM_HOLD_S = 3.0
 
 MIB = 1024 * 1024

@@ -9,7 +9,7 @@ import math
 import time
 
 from gputop.model import KIND_GPU_PROCS, clean_float
-from gputop.sources.calm import CALM_FACTOR
+from gputop.sources.calm import CALM_HELD_FACTOR
 from gputop.sources.nvml_errors import _code, _err_code, _is_too_old, nv, nvml_reason
 from gputop.sources.nvml_fields import MIB, PCIE_FIELDS, PROC_SM_EVERY_S
 from gputop.sources.nvml_gpu import _Gpu
@@ -37,13 +37,13 @@ class SlowLoop:
                 with self._lock:
                     k = ("-", "slow loop", f"{type(e).__name__}: {e}"[:120])
                     self._transient[k] = self._transient.get(k, 0) + 1
-            # while the job is calm (sources/calm.py), at CALM_FACTOR times its interval, as the
-            # fast loop: the processes' GPU memory every ~2 s (the energy counter and the
+            # while the job is calm (sources/calm.py), at CALM_HELD_FACTOR times its interval:
+            # the processes' GPU memory every ~2 s (the energy counter and the
             # processes' SM % keep their own 5 s cadence)
             calm = self.calm is not None and self.calm.calm()
             # (the jittered gap capped at what the full rate's can be, 4 intervals: gpu_procs
             # older than 5 s count as missing in the rank table and the exporter)
-            gap = min(self._gap(self.slow_interval_s * (CALM_FACTOR if calm else 1)),
+            gap = min(self._gap(self.slow_interval_s * (CALM_HELD_FACTOR if calm else 1)),
                       SLOW_MAX_GAP_X * self.slow_interval_s)
             if self._stop.wait(gap):
                 return

@@ -153,8 +153,7 @@ class StackSource(ThreadedSource):
         self.rate_hz = int(rate_hz)
         # While the job is calm (gputop/sources/calm.py: a JobCalm, or None for always the full
         # rate), a steady window samples at 1/CALM_FACTOR of the rate (whole Hz: a rate the factor
-        # does not divide is kept): py-spy's cost is ~1/3 start-up and ~2/3 samples (above), so a
-        # 5 s window costs ~1/3 less.
+        # does not divide is kept) and is CALM_WINDOW_S long: fewer samples and fewer start-ups.
         self.calm = calm
         self.calm_rate_hz = self.rate_hz // CALM_FACTOR if self.rate_hz % CALM_FACTOR == 0 else self.rate_hz
         self.window_rate_hz = self.rate_hz   # the rate asked of the window in flight (before the spread)
@@ -176,7 +175,7 @@ class StackSource(ThreadedSource):
         # (2 s) every subprocess_every first-length windows' time (10 s; the agent: 20 s every
         # 400 s), whatever length the main process's windows have grown to: the thread states'
         # 10 s horizon then always holds one of the workers' windows (while calm, one after each
-        # calm window, inside the 15 s horizon of then: _spawn).
+        # calm window, inside the 30 s horizon of then: _spawn).
         self.subprocess_every = max(0, int(subprocess_every))
         self._subs_at: float | None = None    # monotonic start of the last children's window
         self.has_children = False
@@ -284,8 +283,8 @@ class StackSource(ThreadedSource):
                     self._refresh_tree()
                     # the next second's rate: calm or full, one rate a whole harvest; calm only
                     # while the py-spy window in flight is a calm one (health says calm), when
-                    # the thread states' horizon is 15 s (derive/stacks_window.py) and pools
-                    # ~as many ticks as the full rate's 10 s (sources/calm.py)
+                    # the thread states' horizon is 30 s (derive/stacks_window.py) and pools
+                    # ~190 ticks at the calm rate (sources/calm.py)
                     self.kernel_calm = self.window_rate_hz < self.rate_hz and self.calm is not None \
                         and self.calm.calm()
                 if mono >= self._pyspy_poll_at:
@@ -437,9 +436,9 @@ class StackSource(ThreadedSource):
         calm_windows = calm and base < self.rate_hz
         if calm_windows:
             # a calm main window is calm_window_s long and the children's window comes after
-            # each one (~every 13 s), not every 10 s, which cut each calm window to 6-8 s on the
-            # H200's HF Trainer (run 12) and kept the start-ups calm is meant to halve; the
-            # thread states' horizon is 15 s while calm (derive/stacks_window.py), so it still
+            # each one (~every 23 s), not every 10 s, which cut each calm window to 6-8 s on the
+            # H200's HF Trainer (run 12) and kept the start-ups calm is meant to save; the
+            # thread states' horizon is 30 s while calm (derive/stacks_window.py), so it still
             # holds a children's window
             subs_every_s = max(subs_every_s, self.calm_window_s + self.first_window_s)
         subs = self.has_children and self.subprocess_every > 0 and (
@@ -448,7 +447,7 @@ class StackSource(ThreadedSource):
             self._subs_at = mono
         # health says the window now in flight (the stall detector's freshness reads it)
         steady = not warm and not (subs and not self.children_all_windows)
-        # calm: longer windows, half the start-ups (sources/calm.py: CALM_WINDOW_S), only where the
+        # calm: longer windows, fewer start-ups (sources/calm.py: CALM_WINDOW_S), only where the
         # rate is the calm one (its samples say so: calm_factor) and never shorter than asked
         length = (self.calm_window_s if calm_windows else self.steady_window_s) if steady else self.first_window_s
         if steady and not calm_windows and self.has_children and self.subprocess_every > 0 \

@@ -41,7 +41,7 @@ class SourceHealth(TextPanel):
             t.append(f"{(fmt.num(rate, ' Hz', 1) if rate is not None else ''):>8}  ")
             # the whole message, wrapped under itself: these lines say what to do
             message = s.get("message") or ""
-            if s.get("calm") is True:   # gputop/sources/calm.py: why the rate is half the usual
+            if s.get("calm") is True:   # gputop/sources/calm.py: why the rate is a quarter of the usual
                 message = (message + "; " if message else "") + CALM_NOTE
             lines = textwrap.wrap(fmt.clean(message), max(10, width - 29),
                                   break_on_hyphens=False) or [""]

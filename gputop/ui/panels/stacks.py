@@ -122,7 +122,7 @@ class ThreadStatesPanel(TextPanel):
         return KIND_THREAD_STATE in snap.kinds or SOURCE_NAME in snap.health()
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        # the horizon the thread states are over now (15 s while calm: derive/stacks_window.py)
+        # the horizon the thread states are over now (30 s while calm: derive/stacks_window.py)
         title = self.TITLE_OF.format(round(threads_horizon_s(snap.store, DEFAULT_HORIZON_S)))
         if self.border_title != title:
             self.border_title = title
