@@ -9,7 +9,7 @@ import pytest
 
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 from gputop.model import KIND_HEALTH, Sample
-from gputop.sources.calm import CALM_AFTER_S, CALM_FACTOR, JobCalm
+from gputop.sources.calm import CALM_AFTER_S, CALM_FACTOR, CALM_KERNEL_FACTOR, JobCalm
 from gputop.sources.stacks import KIND_STACKS, StackSource
 from gputop.sources.target import Target
 
@@ -81,6 +81,7 @@ def test_a_live_session_subscribes_the_calm_watch_listed_with_its_sources():
     session.bus.publish_many([_phase(clock.now())])
     assert calm.calm()
     assert session.describe_sources()["calm"]["factor"] == CALM_FACTOR == 4
+    assert session.describe_sources()["calm"]["kernel_factor"] == CALM_KERNEL_FACTOR == 2
 
 
 def _windows(got: list) -> list[dict]:
@@ -226,7 +227,7 @@ def test_the_kernel_sampler_ticks_at_half_its_rate_while_calm_and_at_full_rate_a
         def seconds() -> list[dict]:
             return [s.data for s in got if s.kind == KIND_THREAD_KERNEL and s.data.get("main")]
         try:
-            assert wait_for(lambda: sum(d.get("calm_factor") == CALM_FACTOR for d in seconds()) >= 4, 30)
+            assert wait_for(lambda: sum(d.get("calm_factor") == CALM_KERNEL_FACTOR for d in seconds()) >= 4, 30)
             calm.after_s = 1e9
             calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "gil_contention", {"active": True})])
             n = len(seconds())
@@ -236,7 +237,7 @@ def test_the_kernel_sampler_ticks_at_half_its_rate_while_calm_and_at_full_rate_a
     finally:
         p.kill()
     secs = seconds()
-    calm_rates = [d["ticks"] / d["dur_s"] for d in secs[1:n] if d.get("calm_factor") == CALM_FACTOR]
+    calm_rates = [d["ticks"] / d["dur_s"] for d in secs[1:n] if d.get("calm_factor") == CALM_KERNEL_FACTOR]
     after = secs[n:]
     # the seconds in flight at the change may still be calm; the rest are full rate
     assert all("calm_factor" not in d for d in after[2:]), [d.get("calm_factor") for d in after]
@@ -260,11 +261,11 @@ def test_a_calm_kernel_second_counts_for_the_full_rates_two_in_the_thread_states
             data["calm_factor"] = factor
         return Sample(t, KIND_THREAD_KERNEL, "7", data)
 
-    calm_s = second(1.0, {"run": 6}, CALM_FACTOR)         # 6 ticks at 6.25 Hz: a second running
+    calm_s = second(1.0, {"run": 12}, CALM_KERNEL_FACTOR)  # 12 ticks at 12.5 Hz: a second running
     full_s = second(2.0, {"gil": 25}, None)               # 25 ticks at 25 Hz: a second in GIL wait
     a = aggregate([], [calm_s, full_s])[(7, 7)]
     run, gil = a.k[0], a.k[1]
-    assert (run, gil) == (6 * CALM_FACTOR, 25), a.k
+    assert (run, gil) == (12 * CALM_KERNEL_FACTOR, 25), a.k
     # a malformed factor is not a weight
     b = next(iter(aggregate([], [second(1.0, {"run": 12}, 10**6)]).values()))
     assert b.k[0] == 12

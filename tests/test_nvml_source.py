@@ -309,8 +309,8 @@ def test_health_judges_the_loops_rate_against_its_interval_now_and_not_across_a_
 
 def test_while_calm_the_slow_loop_waits_the_factor_longer():
     """The slow loop (the processes on each GPU, ~1 Hz) at CALM_HELD_FACTOR times its interval
-    while the job is calm (less than the fast loop's CALM_FACTOR: its readers hold a value 5 s); at its own interval otherwise and with no calm watch (an
-    --interval the user gave)."""
+    while the job is calm (less than the fast loop's CALM_FACTOR: its readers hold a value 5 s);
+    at its own interval otherwise and with no calm watch (an --interval the user gave)."""
     from gputop.catalogue import KIND_PHASE
     from gputop.model import Sample
 

@@ -10,7 +10,7 @@ states' horizon are widened from it (here) and, for the agent's fixed long windo
 Just before a window lands, these windows hold only what lies beyond the window in flight (the
 slack, the budget's seconds of stacks); while calm py-spy samples at a quarter of the full rate,
 so both are CALM_STRETCH times longer then: at worst half the full rate's samples (as many as
-the calm 10 Hz of before gave), and the kernel sampler's calm 6.25 Hz pools ~190 ticks over the
+the calm 10 Hz of before gave), and the kernel sampler's calm 12.5 Hz pools ~375 ticks over the
 30 s horizon (sources/calm.py).
 """
 

@@ -1,7 +1,7 @@
 """Whether the watched job is *calm*: one phase for a minute, no verdict turning on or off, no
-stall. While it is, the stack source samples py-spy and the kernel-wait sampler, and the NVML
-fast loop samples the GPUs, ``CALM_FACTOR`` (4) times less often (gputop/sources/stacks.py,
-nvml.py): what watching costs then is spent on noticing a change, and anything that changes
+stall. While it is, the stack source samples py-spy, and the NVML fast loop the GPUs,
+``CALM_FACTOR`` (4) times less often, the kernel-wait sampler ``CALM_KERNEL_FACTOR`` (2) times
+(gputop/sources/stacks.py, nvml.py): what watching costs then is spent on noticing a change, and anything that changes
 makes it unsettled again, so the next minute is sampled at the full rates.
 
 Why this trade (issue 14): the full rates buy the accuracy of a *first* judgement (a share near
@@ -17,15 +17,16 @@ within a second, so a stall's own stacks are sampled at the full rate from then 
 costs: a change that shows only in the stacks (a new wait that no verdict names yet) is first
 judged on 5 Hz samples, up to one calm window (20 s) late, over a 25 s horizon.
 
-The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 6.25 Hz while calm: its
+The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 12.5 Hz while calm: its
 wake-ups were most of the stack thread's CPU (~250 us of CPU each on a torch process, the
 sleep's wake-up and a cold cache included: 0.38 of the H200's 0.60% in run 11). Its noise is
 binomial in the off-CPU ticks a thread state pools: at worst (all off-CPU, half of it GIL)
-1/(2 sqrt(n)), 3.2 points at 25 Hz over the 10 s horizon; while calm the horizon is 25 s, so
-6.25 Hz pools 156 ticks: 4.0 points, inside the +-5 the GIL-wait accuracy asks
-(benchmarks/gil_accuracy.py at the calm rates: docs/benchmarks.md). The rate is chosen once a
-second, at each harvest, so every thread_kernel second is sampled at one rate and says so
-(``calm_factor``).
+1/(2 sqrt(n)), 3.2 points at 25 Hz over the 10 s horizon; while calm the horizon is 30 s, so
+12.5 Hz pools 375 ticks: 2.6 points. Not a quarter: 6.25 Hz (187 ticks, 3.7 points at worst)
+missed a sleeper thread's GIL wait by 5.8 points in one of two repeats of
+benchmarks/gil_accuracy.py (docs/benchmarks.md), outside the +-5 the GIL-wait accuracy asks.
+The rate is chosen once a second, at each harvest, so every thread_kernel second is sampled at
+one rate and says so (``calm_factor``).
 
 It hears the derived samples on the bus (the budget processor's ``phase``, the stall detector's
 ``stall``, the engine's ``verdict_change``): sources import no derive code, so only the kinds
@@ -38,13 +39,16 @@ from __future__ import annotations
 from gputop.catalogue import KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE
 
 CALM_AFTER_S = 60.0        # one phase, no verdict change and no stall for this long: calm
-# While calm, py-spy's rate and the kernel-wait sampler's are divided by this (20 -> 5 Hz, 25 ->
-# 6.25 Hz) and the NVML fast loop's interval multiplied by it (0.1 -> 0.4 s). A calm py-spy window
-# says so with its ``calm_factor``: each of its samples stands for that many of the full rate where
-# samples are counted (derive/thread_samples.py: window_weight); so do a thread_kernel second and
-# a gpu sample taken at the calm rate (each counts for that many in thread states, the workers'
-# I/O share and the report's statistics).
+# While calm, py-spy's rate is divided by this (20 -> 5 Hz) and the NVML fast loop's interval
+# multiplied by it (0.1 -> 0.4 s). A calm py-spy window says so with its ``calm_factor``: each of
+# its samples stands for that many of the full rate where samples are counted
+# (derive/thread_samples.py: window_weight); so does a gpu sample taken at the calm rate (the
+# report's statistics), and a thread_kernel second with its own factor (thread states, the
+# workers' I/O share).
 CALM_FACTOR = 4
+# The kernel-wait sampler's rate is divided by this while calm (25 -> 12.5 Hz): the GIL-wait
+# share's accuracy (module docstring).
+CALM_KERNEL_FACTOR = 2
 # GPM's gap (0.5 -> 1 s) and NVML's slow loop (the processes on each GPU, 1 -> 2 s) stretch by
 # this much only: their readers hold a value for a fixed time (GPM_HOLD_S, 3 s: two GPM snapshots
 # are then at most 1 s and one calm fast-loop gap, 1.6 s, apart; gpu_procs older than 5 s count
@@ -125,4 +129,5 @@ class JobCalm:
             and self.clock.now() - at >= self.after_s
 
     def describe(self) -> dict:
-        return {"after_s": self.after_s, "factor": CALM_FACTOR, "held_factor": CALM_HELD_FACTOR}
+        return {"after_s": self.after_s, "factor": CALM_FACTOR, "kernel_factor": CALM_KERNEL_FACTOR,
+                "held_factor": CALM_HELD_FACTOR}

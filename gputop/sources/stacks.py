@@ -34,7 +34,7 @@ import time
 
 from gputop.model import KIND_HEALTH, MetricSpec, Sample, health_data
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
-from gputop.sources.calm import CALM_FACTOR, CALM_WINDOW_S, WEIGHT_FIELD
+from gputop.sources.calm import CALM_FACTOR, CALM_KERNEL_FACTOR, CALM_WINDOW_S, WEIGHT_FIELD
 from gputop.sources.files import FilesError, private_tempdir
 # Re-exported: gputop.derive.threads, the UI, tests and benchmarks import these from here.
 from gputop.sources.kernel_wait import (KERNEL_COLUMNS, KIND_THREAD_KERNEL, MAX_KERNEL_THREADS,  # noqa: F401
@@ -203,7 +203,7 @@ class StackSource(ThreadedSource):
         self.pyspy_cpu_s = 0.0                 # CPU of all py-spy children so far
         self.sampler_cpu_s = 0.0               # CPU of our own thread so far
         self.kernel_ticks = 0
-        self.kernel_calm = False   # the kernel sampler at 1/CALM_FACTOR of its rate this second (sources/calm.py)
+        self.kernel_calm = False   # the kernel sampler at 1/CALM_KERNEL_FACTOR of its rate this second (sources/calm.py)
         self._kernel_t0: float | None = None
         self._heartbeat = Heartbeat(HEALTH_EVERY_S)
         self._cost_prev: tuple[float, float, float] | None = None  # (wall, pyspy cpu, own cpu)
@@ -284,7 +284,7 @@ class StackSource(ThreadedSource):
                     # the next second's rate: calm or full, one rate a whole harvest; calm only
                     # while the py-spy window in flight is a calm one (health says calm), when
                     # the thread states' horizon is 30 s (derive/stacks_window.py) and pools
-                    # ~190 ticks at the calm rate (sources/calm.py)
+                    # ~375 ticks at the calm rate (sources/calm.py)
                     self.kernel_calm = self.window_rate_hz < self.rate_hz and self.calm is not None \
                         and self.calm.calm()
                 if mono >= self._pyspy_poll_at:
@@ -300,7 +300,7 @@ class StackSource(ThreadedSource):
             c0 = c1
             # Poisson sampling: exponential gaps never lock onto a periodic step or the
             # GIL's 5 ms switch interval. Capped so a long gap cannot starve a window.
-            mean = CALM_FACTOR / self.kernel_rate_hz if self.kernel_calm else 1.0 / self.kernel_rate_hz
+            mean = CALM_KERNEL_FACTOR / self.kernel_rate_hz if self.kernel_calm else 1.0 / self.kernel_rate_hz
             if self._nap(jittered(mean, self._rng, floor=0.0, cap=4.0)):
                 break
         self._kill_run()
@@ -328,8 +328,8 @@ class StackSource(ThreadedSource):
     def _emit_kernel(self) -> None:
         now = self.clock.now()
         for pid, data in self.kernel.harvest(now, self.target.pid):
-            if self.kernel_calm:   # its ticks at the calm rate: each counts for CALM_FACTOR where counted
-                data[WEIGHT_FIELD] = CALM_FACTOR
+            if self.kernel_calm:   # its ticks at the calm rate: each counts for that many where counted
+                data[WEIGHT_FIELD] = CALM_KERNEL_FACTOR
             self._emit(Sample(now, KIND_THREAD_KERNEL, str(pid), data))
 
     # -- py-spy ------------------------------------------------------------------------------
