@@ -347,3 +347,40 @@ def test_the_straggler_verdict_names_the_slowed_rank(job):
     rest = [p for p in primaries[first:] if p is not None]
     assert rest.count("straggler_rank") / len(rest) >= 0.6, primaries
     assert not any(s.kind == "verdict" and s.key == "communication_bound" and s.get("active") for s in got)
+
+
+def test_a_rank_its_environment_names_is_never_said_by_its_probe_too(tmp_path):
+    """The probe client's scan can read a rank's environment between the fork and the exec of
+    it (its launcher's, no RANK) and cache that. When the rank's probe then reports its rank,
+    the environment is read again: the host source names that rank, so the probe client must
+    not say it too (two sources of one rank's state raced: a rank's "exited" could sort before
+    the other's "running", and a replay showed an ended job's ranks running). A process whose
+    environment names no rank is still named by its probe. Real processes, real /proc."""
+    from gputop.sources.probe_client import _ProbeConn
+
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="t")
+    named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    from gputop.sources.ranks import FAMILIES
+    plain_env = {k: v for k, v in os.environ.items() if k not in {f.rank_var for f in FAMILIES}}
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=plain_env)
+    try:
+        src = ProbeClientSource(SessionClock(), Target(os.getpid()))
+        got: list = []
+        src._emit = got.append
+        for proc in (named, plain):
+            src._env_rank[proc.pid] = False        # what a read before the exec cached
+            a, b = socket.socketpair()
+            try:
+                conn = _ProbeConn(proc.pid, a, str(tmp_path / "s"))
+                conn.rank = 1
+                src._maybe_rank(conn, {"rank": 1, "local_rank": 1, "world_size": 2})
+            finally:
+                a.close()
+                b.close()
+        said = {s.key: s.data for s in got if s.kind == KIND_RANK}
+        assert str(named.pid) not in said, said
+        assert said[str(plain.pid)]["source"] == "probe" and said[str(plain.pid)]["state"] == "running", said
+    finally:
+        for p in (named, plain):
+            p.kill()
+            p.wait()

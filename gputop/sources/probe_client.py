@@ -64,6 +64,14 @@ HOW_TO_ENABLE = ("start the job with `gputop run -- python train.py ...`, or add
                  "`import gputop.probe; gputop.probe.install()` to the training script")
 
 
+def _env_names_rank(pid: int) -> bool:
+    """Whether the process's environment names a rank (False where it cannot be read)."""
+    try:
+        return _ranks.rank_env(psutil.Process(pid).environ()) is not None
+    except (psutil.Error, OSError):
+        return False
+
+
 class _ProbeConn:
     def __init__(self, pid: int, sock: socket.socket, path: str) -> None:
         self.pid = pid
@@ -79,6 +87,7 @@ class _ProbeConn:
         self.hello: dict | None = None
         self.offset: float | None = None
         self.rank: int | None = None
+        self.env_rank: bool | None = None   # its environment names a rank (read once connected)
         self.torch: str | None = None
         self.hooks: dict = {}
         self.last_window: float | None = None
@@ -442,7 +451,16 @@ class ProbeClientSource(ThreadedSource):
     def _maybe_rank(self, c: _ProbeConn, facts: dict) -> None:
         """A ``rank`` sample (source "probe") for a probed process that reports a rank its
         environment does not name (or that gputop may not read)."""
-        if c.rank is None or self._env_rank.get(c.pid):
+        if c.rank is None:
+            return
+        if c.env_rank is None:
+            # Read again now that its probe is connected: the scan may have read the environment
+            # between the process's fork and its exec (a launcher's: no RANK), and then the host
+            # source names the rank from the real one while this one said it too, and two sources
+            # of one rank's state raced (a rank's "exited" sorted before this one's "running").
+            c.env_rank = _env_names_rank(c.pid)
+            self._env_rank[c.pid] = c.env_rank or self._env_rank.get(c.pid, False)
+        if c.env_rank or self._env_rank.get(c.pid):
             return
         facts = {**(self._rank_said.get(c.pid) or {}), **{k: v for k, v in facts.items() if v is not None},
                  "rank": c.rank}
