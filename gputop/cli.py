@@ -64,7 +64,8 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
     calm = JobCalm(clock)
     sources = [
         calm,
-        # an interval the user chose is kept; the default one doubles while the job is calm
+        # an interval the user chose is kept; the default one is CALM_FACTOR (4) times longer while
+        # the job is calm (sources/calm.py)
         NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval or DEFAULT_INTERVAL_S,
                    calm=calm if a.interval is None else None),
         HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or DEFAULT_INTERVAL_S)),

@@ -55,7 +55,8 @@ HELP = {
     UNKNOWN: "the GPU idle with no stack to say why (no py-spy sample, or no Python frame)",
 }
 
-GPU_SAMPLE_MAX_S = 1.0     # a moment further than this from the next GPU sample has no GPU value
+GPU_SAMPLE_MAX_S = 2.0     # a moment further than this from the next GPU sample has no GPU value (the
+                           # fast loop's gaps reach 4 intervals: 1.6 s while the job is calm)
 TOP_FRAMES = 8             # frames kept per category in a budget's evidence
 
 # Files that are not the job's own code: the frame that names a moment is the innermost one

@@ -13,7 +13,8 @@ import math
 from collections import defaultdict
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET
-from gputop.sources.calm import WEIGHT_FIELD, weight_of
+from gputop.sources.calm import CALM_HELD_FACTOR, WEIGHT_FIELD, weight_of
+from gputop.sources.nvml_fields import HELD_FIELDS, OWN_CADENCE_FIELDS
 
 RELATIVE_ERROR = 0.005                         # of a percentile, against the exact one
 _GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
@@ -28,6 +29,8 @@ _HEALTH_RANK = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}
 # A gpu sample taken while the job was calm (gputop/sources/calm.py: the NVML loop at a quarter of
 # its rate) says how many samples of the full rate it stands for; every statistic counts it that many
 # times, so a mean, a percentile or a share over a recording that mixes both rates is one over time.
+# The fields read on their own schedules (nvml_fields.HELD_FIELDS, OWN_CADENCE_FIELDS) stretched
+# less while calm: ``field_weights`` gives theirs.
 def sample_weights(cols: dict, n: int) -> list[int] | None:
     """Each row's weight (1, or its ``calm_factor``); None when every row weighs 1."""
     col = cols.get(WEIGHT_FIELD)
@@ -36,6 +39,15 @@ def sample_weights(cols: dict, n: int) -> list[int] | None:
     out = [weight_of(w) for w in col[:n]]
     out += [1] * (n - len(out))
     return out if any(w != 1 for w in out) else None
+
+
+def field_weights(name: str, weights: list[int] | None, held: list[int] | None) -> list[int] | None:
+    """The weights of one gpu field's rows: the sample's (the fast loop's factor), at most
+    CALM_HELD_FACTOR for a GPM or PCIe field (``held``, made once per series), none for the
+    energy counter (read every 5 s at any rate)."""
+    if weights is None or name in OWN_CADENCE_FIELDS:
+        return None
+    return held if name in HELD_FIELDS else weights
 
 
 def _num(v) -> float | None:
@@ -220,9 +232,13 @@ class StatsPartial:
         weights = sample_weights(cols, len(ts)) if kind == KIND_GPU else None
         if kind in (KIND_GPU, KIND_SYSTEM):
             dst = self.values[(kind, key)]
+            held = None
+            if weights is not None:
+                held = [min(w, CALM_HELD_FACTOR) for w in weights]
+                held = held if any(w != 1 for w in held) else None
             for name, col in cols.items():
                 if name != WEIGHT_FIELD:
-                    self._field(dst, name).add_column(col, weights)
+                    self._field(dst, name).add_column(col, field_weights(name, weights, held))
         elif kind == KIND_PROC:
             # The tree's total per host tick: samples of one tick share a timestamp (to 50 ms).
             cpu, rss = cols.get("cpu_pct", []), cols.get("rss", [])

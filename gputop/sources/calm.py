@@ -7,15 +7,17 @@ makes it unsettled again, so the next minute is sampled at the full rates.
 Why this trade (issue 14): the full rates buy the accuracy of a *first* judgement (a share near
 a verdict's threshold, a short stall's moments), and once a verdict has held for a minute the
 engine's hysteresis (ENTER_S, LEAVE_S, LEAVE_LEVEL in verdicts/engine.py) keeps it on; the
-calm rates pool as many samples as the full rates do, over a wider window: py-spy at 5 Hz in
-20 s windows over the thread states' 25 s horizon (derive/stacks_window.py) pools ~125 samples
-a thread, the full rate's 20 Hz over 10 s 200 (a 25% share: 3.9 points of binomial noise calm,
-3.1 at the full rate; the verdict leaves only below 80% of its 20% threshold for 5 s); if the
-noise did turn one off, that change itself brings the full rates back. A stall makes the loop
+calm rates pool samples over wider windows: py-spy at 5 Hz in 20 s windows over the thread
+states' 30 s horizon (derive/stacks_window.py) holds 50-150 samples a thread (at worst, just
+before a window lands, half the full rate's worst, 100; a 25% share: 6 points of binomial noise
+then, 4.3 at the full rate; the verdict leaves only below 80% of its 20% threshold for 5 s); if
+the noise did turn one off, that change itself brings the full rates back. A stall makes the loop
 unsettled from its first second (the stall detector's sample), the calm window in flight is cut
 within a second, so a stall's own stacks are sampled at the full rate from then on. What it
 costs: a change that shows only in the stacks (a new wait that no verdict names yet) is first
-judged on 5 Hz samples, up to one calm window (20 s) late, over a 25 s horizon.
+judged on 5 Hz samples, up to one calm window (20 s) late, over a 30 s horizon; and the stall
+finder resolves a short idle stretch to a moment (0.2 s) instead of 0.05 s (derive/stalls.py's
+MIN_STALL_S = 0.25 s is then two moments).
 
 The kernel-wait sampler (25 Hz, the GIL-wait share's source) goes to 12.5 Hz while calm: its
 wake-ups were most of the stack thread's CPU (~250 us of CPU each on a torch process, the
@@ -75,8 +77,8 @@ def weight_of(value) -> int:
     return value if type(value) is int and 1 <= value <= MAX_WEIGHT else 1
 _HEARD = frozenset((KIND_PHASE, KIND_STALL, KIND_VERDICT_CHANGE))
 # what a calm source's health adds to its line in the UI's Sources view
-CALM_NOTE = (f"calm: a quarter of the usual sampling rate while the job holds still (one phase, no verdict change "
-             f"and no stall for {CALM_AFTER_S:.0f} s)")
+CALM_NOTE = (f"calm: a quarter to half the usual sampling rates while the job holds still (one phase, no verdict "
+             f"change and no stall for {CALM_AFTER_S:.0f} s)")
 
 
 class JobCalm:

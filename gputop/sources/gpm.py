@@ -37,7 +37,7 @@ class GpmGate:
         self.last: float | None = None
 
     def due(self, now: float, factor: float = 1.0) -> bool:
-        """``factor``: the fast loop's interval factor now (2 while the job is calm)."""
+        """``factor``: how much longer the gap is now (CALM_HELD_FACTOR, 2, while the job is calm)."""
         return self.last is None or now - self.last >= self.min_gap_s * factor
 
     def taken(self, now: float) -> None:

@@ -48,6 +48,14 @@ GPM_FIELDS = tuple(f for f, _ in GPM_METRICS)
 PCIE_FIELDS = ("pcie_tx_mibs", "pcie_rx_mibs")
 NVLINK_FIELDS = ("nvlink_tx_mibs", "nvlink_rx_mibs")
 GPM_PERCENT_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw", "gr_active")
+# Fields of a gpu sample read less often than the fast loop ticks: GPM's (every GPM_EVERY_S) and
+# PCIe's (GPM's, or the slow loop's without GPM), None on the ticks between, and the energy
+# counter (every ENERGY_EVERY_S). Views hold them longer (ui/snapshot.py); while the job is calm
+# GPM and the slow loop stretch by CALM_HELD_FACTOR only, the energy counter not at all, so the
+# report weighs a calm sample's value of these by that, not by its calm_factor
+# (derive/record_stats.py).
+HELD_FIELDS = frozenset(GPM_FIELDS) | frozenset(PCIE_FIELDS) | {"gpm_window_s"}
+OWN_CADENCE_FIELDS = frozenset({"energy_j"})
 
 # Every field of a "gpu" sample, in order.
 GPU_FIELDS = (

@@ -12,14 +12,14 @@ from typing import Any
 
 from gputop.model import Sample
 from gputop.session.whole_replay import recorded_kind
-from gputop.sources.nvml_fields import GPM_FIELDS, GPM_HOLD_S, PCIE_FIELDS
+from gputop.sources.nvml_fields import GPM_HOLD_S, HELD_FIELDS
 from gputop.ui.fmt import HOLD_S, cell_means
 
 # Snapshot.current: a field the newest sample left None is shown from an older one this recent
 # (the cheap counters come at 10 Hz, 2.5 Hz while the job is calm: gaps of at most 4 intervals,
 # 1.6 s), or GPM_HOLD_S for the fields read less often than that.
 CURRENT_HOLD_S = 2.0
-HELD_LONGER = frozenset(GPM_FIELDS) | frozenset(PCIE_FIELDS) | {"gpm_window_s"}
+HELD_LONGER = HELD_FIELDS
 
 
 def key_order(key: str):
