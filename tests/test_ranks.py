@@ -384,3 +384,43 @@ def test_a_rank_its_environment_names_is_never_said_by_its_probe_too(tmp_path):
         for p in (named, plain):
             p.kill()
             p.wait()
+
+
+LAUNCHER_EXECS_A_RANK = r"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(2.5)   # seen by the host source between the fork and the exec: the launcher's env
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="t")
+    os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)"], env)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_rank_execd_under_the_launchers_name_is_found_from_its_new_environment():
+    """torchrun forks its ranks and execs Python in them: the same name ("python") before and
+    after, so a host tick between the fork and the exec read the launcher's environment (no
+    RANK). The command line of a new process is read again at its first ticks and the rank
+    finder reads the environment again when it changes: the rank is named. Real processes."""
+    from gputop.sources.ranks import FAMILIES
+    env = {k: v for k, v in os.environ.items() if k not in {f.rank_var for f in FAMILIES}}
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER_EXECS_A_RANK], env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        src = HostSource(SessionClock(), Target(proc.pid))
+        got: list = []
+        src.start(got.append)
+        try:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not any(s.kind == KIND_RANK and s.key == str(child) for s in got):
+                time.sleep(0.2)
+        finally:
+            src.stop()
+        procs = [s for s in got if s.kind == "proc_info" and s.key == str(child)]
+        ranks = [s.data for s in got if s.kind == KIND_RANK and s.key == str(child)]
+        assert ranks and ranks[0]["rank"] == 1 and ranks[0]["source"] == "env", (ranks, [p.data for p in procs])
+        assert all(s.get("state") != "running" for s in got if s.kind == KIND_RANK and s.key == str(proc.pid))
+    finally:
+        kill_group(proc)

@@ -55,6 +55,9 @@ class TaskFiles:
                 f.close()
 
 
+YOUNG_CMDLINE_TICKS = 5   # a new process's command line is read again at its first 5 ticks
+
+
 class ProcFiles:
     """One process of the tree: open files, rates and what was last said about it."""
 
@@ -76,6 +79,10 @@ class ProcFiles:
         self.rates = RateTracker()
         self.name = ""
         self.cmdline: list[str] | None = None
+        # ticks left in which the command line is read again whatever the name: a process first
+        # seen between its fork and its exec shows its parent's, and torchrun's ranks keep the
+        # launcher's name ("python") across the exec (host.py: _update_identity)
+        self.young_ticks = YOUNG_CMDLINE_TICKS
         self.mp_helper = False
         self.ppid: int | None = None
         self.role = ""

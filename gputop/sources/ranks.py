@@ -199,6 +199,7 @@ class _Seen:
     python: bool
     first_t: float
     denied: bool = False
+    cmdline: tuple | None = None   # as read with it: an exec changes it (the name may stay "python")
 
 
 class RankFinder:
@@ -206,8 +207,10 @@ class RankFinder:
 
     ``update(t, tree)`` with ``tree = {pid: (ppid, name, cmdline)}`` of every live process of
     the tree returns the ``rank`` samples to publish now; ``end_all(t)`` those for a target that
-    exited. The environment of a process is read once (again only when its name changes: an
-    exec may bring a new one). ``read_env`` is injectable for tests of the grouping rules.
+    exited. The environment of a process is read once (again only when its name or command line
+    changes: an exec brings a new one; torchrun's ranks keep the launcher's name, "python", and a
+    read between their fork and their exec saw the launcher's environment, no RANK).
+    ``read_env`` is injectable for tests of the grouping rules.
     """
 
     def __init__(self, target_pid: int, node: str | None = None, grace_s: float = GRACE_S,
@@ -229,7 +232,8 @@ class RankFinder:
 
     def _look(self, pid: int, name: str | None, cmdline: list[str] | None, t: float) -> _Seen:
         seen = self._seen.get(pid)
-        if seen is not None and seen.name == name:
+        args = tuple(cmdline) if cmdline is not None else None
+        if seen is not None and seen.name == name and seen.cmdline == args:
             return seen
         facts, denied = None, False
         try:
@@ -240,7 +244,7 @@ class RankFinder:
         except OSError:
             pass  # gone: it leaves the tree at the next tick
         first_t = seen.first_t if seen is not None else t
-        seen = self._seen[pid] = _Seen(name, facts, is_python_process(pid, name, cmdline), first_t, denied)
+        seen = self._seen[pid] = _Seen(name, facts, is_python_process(pid, name, cmdline), first_t, denied, args)
         return seen
 
     def update(self, t: float, tree: Mapping[int, tuple]) -> list[Sample]:
