@@ -13,7 +13,7 @@ before a window lands, half the full rate's worst, 100; a 25% share: 6 points of
 then, 4.3 at the full rate; the verdict leaves only below 80% of its 20% threshold for 5 s); if
 the noise did turn one off, that change itself brings the full rates back. A stall makes the loop
 unsettled from its first second (the stall detector's sample), the calm window in flight is cut
-within a second, so a stall's own stacks are sampled at the full rate from then on. What it
+within ~1-2 s, so a stall's own stacks are sampled at the full rate from then on. What it
 costs: a change that shows only in the stacks (a new wait that no verdict names yet) is first
 judged on 5 Hz samples, up to one calm window (20 s) late, over a 30 s horizon; and the stall
 finder resolves a short idle stretch to a moment (0.2 s) instead of 0.05 s (derive/stalls.py's
