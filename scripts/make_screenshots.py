@@ -48,6 +48,19 @@ SHOTS = (  # (suffix, terminal size, view shown)
 )
 
 
+async def whole_pass_done(app, pilot, timeout_s: float = 60.0) -> None:
+    """The verdicts view reads the whole recording in a worker ("Reading the whole recording…
+    N%" meanwhile): the shot waits for its timeline, so it does not depend on the machine's speed."""
+    from gputop.ui.panels.verdict_timeline import VerdictTimeline
+
+    timeline = next(p for p in app.panels["verdicts"] if isinstance(p, VerdictTimeline))
+    deadline = time.monotonic() + timeout_s
+    while timeline.timeline is None and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    app.redraw_now()
+    await pilot.pause()
+
+
 async def shoot(recording: str, out: str, at: float | None) -> list[str]:
     name = pathlib.Path(recording).stem
     made = []
@@ -59,6 +72,8 @@ async def shoot(recording: str, out: str, at: float | None) -> list[str]:
         app = GputopApp(session, start_view=view)
         async with app.run_test(size=size) as pilot:
             await pilot.pause(0.3)
+            if view == "verdicts":
+                await whole_pass_done(app, pilot)
             filename = f"{name}-{suffix}.svg"
             app.save_screenshot(filename=filename, path=out)
             made.append(os.path.join(out, filename))
