@@ -65,10 +65,11 @@ HOW_TO_ENABLE = ("start the job with `gputop run -- python train.py ...`, or add
 
 
 def _env_names_rank(pid: int) -> bool:
-    """Whether the process's environment names a rank (False where it cannot be read)."""
+    """Whether the process's environment names a rank, read as the host source reads it
+    (ranks.read_environ); False where it cannot be read."""
     try:
-        return _ranks.rank_env(psutil.Process(pid).environ()) is not None
-    except (psutil.Error, OSError):
+        return _ranks.rank_env(_ranks.read_environ(pid)) is not None
+    except OSError:
         return False
 
 
