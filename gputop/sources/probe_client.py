@@ -460,7 +460,6 @@ class ProbeClientSource(ThreadedSource):
             # source names the rank from the real one while this one said it too, and two sources
             # of one rank's state raced (a rank's "exited" sorted before this one's "running").
             c.env_rank = _env_names_rank(c.pid)
-            self._env_rank[c.pid] = c.env_rank or self._env_rank.get(c.pid, False)
         if c.env_rank or self._env_rank.get(c.pid):
             return
         facts = {**(self._rank_said.get(c.pid) or {}), **{k: v for k, v in facts.items() if v is not None},
