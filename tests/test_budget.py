@@ -264,3 +264,38 @@ def test_one_malformed_stacks_sample_does_not_stop_the_budget():
     assert Poisoned.done
     assert not [s for s in got if s.kind == "health" and s.key == "budget" and s.get("state") == "failed"]
     assert any(s.kind == "verdict_primary" and s.get("id") == "host_bound" for s in got)
+
+
+def test_the_window_budget_from_cached_windows_is_the_budget_of_its_moments():
+    """A settled py-spy window wholly inside the budget's window gives its own Budget, made once
+    and merged (moments.MomentBuilder.moments_and_budget): the same seconds, frames and owners as
+    adding every moment again, to the float rounding, second after second of a real job."""
+    from gputop.derive.budget import budget_of
+    from gputop.derive.moments import MomentBuilder, chosen_gpus
+    from gputop.session.replay import ReplaySession
+
+    # 150 s of a Trainer job, calm (20 s windows) from ~80 s
+    s = ReplaySession(str(REAL.parent / "calm4" / "hf_trainer-pid.gtrec"), start_playing=False)
+    pid = next(iter(s.store.latest_of_kind("target")), None)
+    builder, checked, merged = MomentBuilder(), 0, 0
+    t = s.t_start + 30.0
+    while t < s.t_end:
+        s.play_to(t)
+        pid = pid or next(iter(s.store.latest_of_kind("target")), None)
+        ms, _src, got = builder.moments_and_budget(s.store, pid, t - 25.0, t, chosen_gpus(s.store))
+        want = budget_of(ms)
+        assert got.total_s == pytest.approx(want.total_s, abs=1e-9)
+        assert set(got.seconds) == set(want.seconds)
+        for c, v in want.seconds.items():
+            assert got.seconds[c] == pytest.approx(v, abs=1e-9), c
+        assert {c: set(f) for c, f in got.frames.items()} == {c: set(f) for c, f in want.frames.items()}
+        for c, f in want.frames.items():
+            for name, v in f.items():
+                assert got.frames[c][name] == pytest.approx(v, abs=1e-9)
+        assert got.owners.keys() == want.owners.keys() and got.paths == want.paths
+        assert got.with_gpu == want.with_gpu and got.named_blocked_s == pytest.approx(want.named_blocked_s, abs=1e-9)
+        checked += bool(ms)
+        merged += sum(1 for c in builder._cache.values() if c._budget is not None)
+        t += 1.0
+    s.stop()
+    assert checked >= 100 and merged > 0

@@ -19,8 +19,11 @@ from gputop.verdicts import default_processors
 
 REAL = pathlib.Path(__file__).resolve().parent / "data" / "h200" / "real"
 # three that a jump landing off the processors' grid showed differently (the budget window of
-# another instant, up to a second away): a Trainer run, a periodic checkpoint, a periodic block
-JUMPED = ("hf_trainer-run.gtrec", "checkpoint_stall-pid.gtrec", "periodic_stall-pid.gtrec")
+# another instant, up to a second away): a Trainer run, a periodic checkpoint, a periodic block;
+# and a Trainer run that is calm from ~80 s (its budget and thread states work every other
+# second then, on a grid of session time: derive/stacks_window.works_now)
+JUMPED = ("hf_trainer-run.gtrec", "checkpoint_stall-pid.gtrec", "periodic_stall-pid.gtrec",
+          "../calm4/hf_trainer-pid.gtrec")
 
 
 def _shown(s: ReplaySession) -> dict:

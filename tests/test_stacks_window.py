@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
 from gputop.catalogue import KIND_STACKS, SOURCE_STACKS
 from gputop.derive.stacks_window import (BUDGET_STACKS_S, CALM_STRETCH, NO_HEALTH_WINDOW_S, THREADS_SLACK_S,
-                                         budget_window_s, stacks_window_s, threads_horizon_s)
+                                         budget_window_s, stacks_window_s, threads_horizon_s, works_now)
 from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, ThreadStateProcessor
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_reader import RecordingReader
@@ -82,3 +84,45 @@ def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
     for bad in (None, "10", True, float("nan")):
         store.on_samples([_health(3.0, bad)])
         assert stacks_window_s(store) == NO_HEALTH_WINDOW_S
+
+
+def _ticks_that_work(store, ticks: list[float], every_s: float) -> list[float]:
+    worked, last = [], None
+    for t in ticks:
+        if works_now(store, t, every_s, last):
+            worked.append(t)
+            last = t
+    return worked
+
+
+def test_while_calm_the_budget_and_thread_states_work_every_other_run_on_a_grid():
+    store = SampleStore()
+    ticks = [7.31 + k for k in range(40)]          # a replay's: exactly every second
+    assert _ticks_that_work(store, ticks, 1.0) == ticks   # not calm: every run works
+    store.on_samples([Sample(1.0, KIND_HEALTH, SOURCE_STACKS,
+                             health_data("ok", "", window_s=CALM_WINDOW_S, calm=True))])
+    worked = _ticks_that_work(store, ticks, 1.0)
+    assert len(worked) == len(ticks) // CALM_STRETCH
+    assert all(b - a == pytest.approx(CALM_STRETCH) for a, b in zip(worked, worked[1:]))
+    # a jump lands its fresh processors on the same grid: from any tick on, the same runs work
+    for k in range(1, 6):
+        assert _ticks_that_work(store, ticks[k:], 1.0) == [t for t in worked if t >= ticks[k]]
+    # the thread states' 2 s runs work every 4 s
+    two = [3.7 + 2 * k for k in range(20)]
+    worked2 = _ticks_that_work(store, two, 2.0)
+    assert len(worked2) == 10 and all(b - a == pytest.approx(4.0) for a, b in zip(worked2, worked2[1:]))
+
+
+@pytest.mark.parametrize("gap", [0.97, 1.0, 1.013, 1.04])
+def test_a_live_derive_threads_drifting_ticks_never_wait_longer_than_the_stretch(gap):
+    """The live derive thread's ticks drift against the grid (each a little more or less than a
+    second apart): a skipped grid time is made up at the next run, so a calm budget is never older
+    than CALM_STRETCH runs (the engine drops one older than 3 s: signals.BUDGET_STALE_S), and
+    still about every other run works."""
+    store = SampleStore()
+    store.on_samples([Sample(1.0, KIND_HEALTH, SOURCE_STACKS,
+                             health_data("ok", "", window_s=CALM_WINDOW_S, calm=True))])
+    ticks = [100.0 + gap * k for k in range(400)]
+    worked = _ticks_that_work(store, ticks, 1.0)
+    assert max(b - a for a, b in zip(worked, worked[1:])) <= CALM_STRETCH * gap + 1e-9
+    assert 0.45 <= len(worked) / len(ticks) <= 0.6

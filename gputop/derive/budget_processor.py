@@ -26,7 +26,7 @@ from gputop.derive import phases as ph
 from gputop.derive.budget import UNKNOWN, Budget, Moment, Naming, budget_of
 from gputop.derive.moments import SETTLE_S, GpuBusy, MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
-from gputop.derive.stacks_window import budget_window_s
+from gputop.derive.stacks_window import budget_window_s, works_now
 from gputop.derive.stalls import describe, find_stalls
 from gputop.derive.steps import pool_steps
 from gputop.derive.thread_samples import window_weight
@@ -84,8 +84,12 @@ class BudgetProcessor:
         self.reset_phase = False         # say "phase unknown" once after the judged process changed
         self.last_judged = None          # the last judged phase (for time settled after the end)
         self.probe_t = float("-inf")
+        self.worked_t: float | None = None   # the last run that did its work (works_now)
 
     def process(self, store, now: float) -> list[Sample]:
+        if not works_now(store, now, self.interval_s, self.worked_t):
+            return []   # calm: every other second (derive/stacks_window.py)
+        self.worked_t = now
         pid, only = judged_process(store, now)
         if pid is None:
             return []
@@ -118,12 +122,12 @@ class BudgetProcessor:
             start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
             if start is not None:
                 since = max(since, start)   # never judged with what came before the phase in it
-        moments, source = self.builder.moments(store, pid, since, now, gpus)
+        moments, source, b = self.builder.moments_and_budget(store, pid, since, now, gpus)
         if not moments:
             moments, source = self._gpu_only(store, since, gpus)
+            b = budget_of(moments)
         self.gpu_source = source or self.gpu_source
         if moments:
-            b = budget_of(moments)
             data = b.to_data()
             span = max(1e-6, moments[-1].t - moments[0].t + moments[-1].dt)
             data.update({"window_s": round(now - since, 2), "gpu_source": source, "phase": phase, "pid": pid,

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from functools import lru_cache
 
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_STACKS, KIND_THREAD_KERNEL
-from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, KernelSplit, Moment, Naming,
-                                  name_stack)
+from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, Budget, KernelSplit, Moment,
+                                  Naming, budget_of, name_stack)
 
 SETTLE_S = 3.0   # a py-spy window's moments are final once the GPU and kernel samples after it are in
 MAX_SAMPLES = 20000  # samples of one thread in one py-spy window (20 Hz x 2 s is 40; a file may claim more)
@@ -131,11 +131,26 @@ def _named(key: tuple, leaf_code: str | None) -> Naming:
     return name_stack(frames, stack, leaf_code)
 
 
+class _Cached:
+    """A settled py-spy window's moments, and their Budget once one is asked for."""
+    __slots__ = ("sample", "moments", "_budget")
+
+    def __init__(self, sample, moments: list[Moment]):
+        self.sample = sample
+        self.moments = moments
+        self._budget: Budget | None = None
+
+    def budget(self) -> Budget:
+        if self._budget is None:
+            self._budget = budget_of(self.moments)
+        return self._budget
+
+
 class MomentBuilder:
     """Moments of one process's main thread, built once per py-spy window and cached."""
 
     def __init__(self, max_windows: int = 256):
-        self._cache: OrderedDict = OrderedDict()   # id(stacks sample) -> (sample, moments)
+        self._cache: OrderedDict = OrderedDict()   # id(stacks sample) -> _Cached
         self.with_gpu = False
         self.max_windows = max_windows
 
@@ -145,12 +160,28 @@ class MomentBuilder:
 
     def moments(self, store, pid: str, since: float, now: float, gpus: list[str]) -> tuple[list[Moment], str | None]:
         """The moments since ``since``, oldest first, and the GPU source that judged them."""
+        return self._moments(store, pid, since, now, gpus, None)
+
+    def moments_and_budget(self, store, pid: str, since: float,
+                           now: float, gpus: list[str]) -> tuple[list[Moment], str | None, Budget]:
+        """``moments``, and the Budget of them: a settled window wholly inside the look gives its
+        own budget, made once and merged, not its moments added again each second. The window
+        budget looks at 20-40 s of moments every second, and adding each one again was the
+        largest part of the budget processor's cost, which the live session and the recorder's
+        summary chain (session/summary_chain.py) both pay. The seconds are the same sums taken
+        in another order: equal to the float rounding (the shares are rounded to 4 digits)."""
+        budget = Budget()
+        moments, source = self._moments(store, pid, since, now, gpus, budget)
+        return moments, source, budget
+
+    def _moments(self, store, pid: str, since: float, now: float, gpus: list[str],
+                 budget: Budget | None) -> tuple[list[Moment], str | None]:
         # (a rank's windows come from py-spy's --subprocesses runs: not "main", still its own)
         stacks = store.window(KIND_STACKS, since).get(pid, [])
         cache = self._cache
         # the GPU's step function is needed for the windows not cached yet only (from 2 s before
         # the earliest of them begins: a window's moments look up the readings at and after them)
-        hits = [hit if (hit := cache.get(id(s))) is not None and hit[0] is s else None for s in stacks]
+        hits = [hit if (hit := cache.get(id(s))) is not None and hit.sample is s else None for s in stacks]
         fresh = [s for s, hit in zip(stacks, hits) if hit is None]
         lines_since = None
         for s in fresh:
@@ -169,20 +200,27 @@ class MomentBuilder:
         out: list[Moment] = []
         for s, hit in zip(stacks, hits):   # (as found above: caching below may evict an older hit)
             if hit is not None:
-                ms = hit[1]
+                ms = hit.moments
                 if ms and ms[0].t >= since:   # (a window's moments are in time order)
                     out.extend(ms)
-                else:
-                    out.extend(m for m in ms if m.t >= since)
-                continue
-            ms = self._window(s, pid, busy, kernel)
-            settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
-                                                any(k.t >= s.t for k in kernel))
-            if settled:
-                self._cache[id(s)] = (s, ms)
-                while len(self._cache) > self.max_windows:
-                    self._cache.popitem(last=False)
-            out.extend(m for m in ms if m.t >= since)
+                    if budget is not None:
+                        budget.merge(hit.budget())
+                    continue
+                ms = [m for m in ms if m.t >= since]
+            else:
+                ms = self._window(s, pid, busy, kernel)
+                settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
+                                                    any(k.t >= s.t for k in kernel))
+                if settled:
+                    self._cache[id(s)] = _Cached(s, ms)
+                    while len(self._cache) > self.max_windows:
+                        self._cache.popitem(last=False)
+                if not ms or ms[0].t < since:
+                    ms = [m for m in ms if m.t >= since]
+            out.extend(ms)
+            if budget is not None:
+                for m in ms:
+                    budget.add(m)
         return out, busy.source
 
     def _window(self, s, pid: str, busy: GpuBusy, kernel: list) -> list[Moment]:

@@ -16,13 +16,16 @@ the calm 10 Hz of before gave), and the kernel sampler's calm 12.5 Hz pools ~375
 
 from __future__ import annotations
 
+import math
+
 from gputop.catalogue import SOURCE_STACKS
 from gputop.model import KIND_HEALTH
 from gputop.sources.calm import CALM_WINDOW_S
 
 BUDGET_STACKS_S = 10.0   # seconds of stacks the budget's window always holds
 THREADS_SLACK_S = 5.0    # a thread state's horizon: one py-spy window, its fold and a derive tick
-CALM_STRETCH = 2         # while calm: THREADS_SLACK_S and BUDGET_STACKS_S this many times longer
+CALM_STRETCH = 2         # while calm: THREADS_SLACK_S and BUDGET_STACKS_S this many times longer,
+                         # and the budget and the thread states computed this many times less often
 NO_HEALTH_WINDOW_S = 2.0  # a recording without the stacks source's health: its first windows
 
 
@@ -60,3 +63,21 @@ def budget_window_s(store, window_s: float) -> float:
     (twice that while the stack source is calm: module docstring)."""
     stacks_s = BUDGET_STACKS_S * (CALM_STRETCH if stacks_calm(store) else 1)
     return max(window_s, stacks_window_s(store) + stacks_s)
+
+
+def works_now(store, now: float, every_s: float, last_t: float | None) -> bool:
+    """Whether a processor run every ``every_s`` (the budget, the thread states) does its work at
+    ``now``: always, except while the stack source is calm, when it works every CALM_STRETCH-th
+    time. The calm inputs change slowly (a py-spy window every 20 s, over windows of 30-40 s), and
+    these two were half of the processors' cost, which the live session and the recorder's
+    summary chain both pay (issue 14). Which runs work is a function of the time: those on a grid
+    of CALM_STRETCH x ``every_s`` in session time, so that a replay's jump (whose processors start
+    afresh on the same 1 s grid) works at the same times as playing through; ``last_t`` (the last
+    run that worked) only adds a run where the live derive thread's ticks, which drift against
+    that grid, skipped one (never more than CALM_STRETCH x ``every_s`` between two)."""
+    if not stacks_calm(store):
+        return True
+    period = every_s * CALM_STRETCH
+    if math.floor(now / period) != math.floor((now - every_s) / period):
+        return True
+    return last_t is not None and now - last_t >= period - every_s / 2

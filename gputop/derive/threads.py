@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
-from gputop.derive.stacks_window import threads_horizon_s
+from gputop.derive.stacks_window import threads_horizon_s, works_now
 from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
     _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
 )
@@ -334,8 +334,12 @@ class ThreadStateProcessor:
         self.native_min_cpu = native_min_cpu
         self._cache = _ClassifyCache()
         self._kcache = _ClassifyCache(fn=_parse_kernel)
+        self.worked_t: float | None = None   # the last run that did its work (works_now)
 
     def process(self, store, now: float) -> list[Sample]:
+        if not works_now(store, now, self.interval_s, self.worked_t):
+            return []   # calm: every other run (derive/stacks_window.py)
+        self.worked_t = now
         since = now - threads_horizon_s(store, self.horizon_s)   # holds the window in flight
         stacks = [s for ss in store.window(KIND_STACKS, since).values() for s in ss]
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
@@ -350,6 +354,7 @@ class ThreadStateProcessor:
     def reset(self) -> None:
         self._cache.clear()
         self._kcache.clear()
+        self.worked_t = None
 
 
 # ---------------------------------------------------------------------------------------------
