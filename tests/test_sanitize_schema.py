@@ -34,3 +34,27 @@ def test_every_recorded_value_survives_the_sanitizer(path):
     assert not bad, bad.summary()
     assert len(cleaned) == len(samples)
     assert all(a is b for a, b in zip(cleaned, samples))   # unchanged: the very same objects
+
+
+def _frames(bad) -> dict:
+    """A py-spy window's shape (frames, threads with stacks), with ``bad`` placed deep inside."""
+    return {"frames": [["step", "/x/train.py", 12], ["fwd", "/x/m.py", 3]],
+            "threads": [{"tid": 7, "name": "MainThread", "stacks": [[5, [0, 1]], [2, [0, bad]]]}]}
+
+
+@pytest.mark.parametrize("bad, why", [
+    (float("nan"), "not finite"), (float("inf"), "not finite"), (-float("inf"), "not finite"),
+    (10 ** 19, "beyond 1e18"), (-2e18, "beyond 1e18"), ("x" * 20000, "characters"),
+    ({"k" * 300: 1}, "a key of 300"), ((1, 2), "not a JSON value"),
+    (object(), "not a JSON value"), ([[[[[[[[1]]]]]]]], "nested deeper"),
+])
+def test_a_bad_value_deep_inside_a_clean_looking_one_is_found(bad, why):
+    """The one-walk check of a nested value (sanitize._within_bounds) passes only what the item-by-item
+    walk passes: anything out of bounds, however deep, is still found and named."""
+    from gputop.session.sanitize import clean_value
+
+    good = _frames(1)
+    assert clean_value(good) == (good, None) and clean_value(good)[0] is good
+    got, reason = clean_value(_frames(bad))
+    assert reason is not None and why in reason, reason
+    assert got is None or got["threads"][0]["stacks"][1][1][1] != bad or why == "characters"
