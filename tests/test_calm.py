@@ -210,30 +210,35 @@ def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two()
 
 
 def test_a_calm_samples_gpm_and_energy_values_weigh_what_their_own_rates_stretched():
-    """While calm the fast loop samples at a quarter of its rate (calm_factor 4) but GPM's gap only
-    doubles (CALM_HELD_FACTOR) and the energy counter keeps its 5 s: in the report a calm GPM
-    value counts twice, an energy reading once, util.gpu four times; each as if the same
-    readings had come at the full rates."""
+    """While calm the fast loop samples at a quarter of its rate (calm_factor 4) and GPM's gap
+    stretches with it (0.5 -> 2 s), the slow loop's only doubles (CALM_HELD_FACTOR) and the energy
+    counter keeps its 5 s: in the report a calm GPM value counts for the GPM readings of its
+    window (4 over 2.2 s; 2 over 1.2 s, as files of a doubled GPM gap have them), a PCIe reading
+    of the slow loop (no GPM window) twice, an energy reading once, util.gpu four times; each as
+    if the same readings had come at the full rates."""
     from gputop.catalogue import KIND_GPU
     from gputop.derive.record_stats import StatsPartial
     from gputop.sources.calm import CALM_HELD_FACTOR
 
-    util, sm, energy = [90, 10, 80, 70], [None, 40, None, 60], [1000.0, None, None, 1005.0]
-    calm = [None, CALM_FACTOR, CALM_FACTOR, CALM_FACTOR]
+    util, sm, energy = [90, 10, 80, 70, 60], [30, 40, None, 60, None], [1000.0, None, None, 1005.0, None]
+    window, pcie = [0.55, 2.2, None, 1.2, None], [None, None, None, None, 800.0]
+    calm = [None, CALM_FACTOR, CALM_FACTOR, CALM_FACTOR, CALM_FACTOR]
     weighted = StatsPartial()
-    weighted.add(KIND_GPU, "0", [1.0, 1.1, 1.5, 1.9],
-                 {"util_gpu": util, "sm_active": sm, "energy_j": energy, "calm_factor": calm})
+    weighted.add(KIND_GPU, "0", [1.0, 1.1, 1.5, 1.9, 2.3],
+                 {"util_gpu": util, "sm_active": sm, "energy_j": energy, "gpm_window_s": window,
+                  "pcie_rx_mibs": pcie, "calm_factor": calm})
 
     def alone(name: str, col: list, times: list[int]) -> list:
         p = StatsPartial()
-        rows = [i for i in range(4) for _ in range(times[i])]
+        rows = [i for i in range(len(col)) for _ in range(times[i])]
         p.add(KIND_GPU, "0", [1.0 + 0.01 * k for k in range(len(rows))], {name: [col[i] for i in rows]})
         return p.to_json()["fields"]
 
     got = {f[2]: f for f in weighted.to_json()["fields"]}
-    assert [got["util_gpu"]] == alone("util_gpu", util, [1, 4, 4, 4])
-    assert [got["sm_active"]] == alone("sm_active", sm, [1, CALM_HELD_FACTOR, CALM_HELD_FACTOR, CALM_HELD_FACTOR])
-    assert [got["energy_j"]] == alone("energy_j", energy, [1, 1, 1, 1])
+    assert [got["util_gpu"]] == alone("util_gpu", util, [1, 4, 4, 4, 4])
+    assert [got["sm_active"]] == alone("sm_active", sm, [1, CALM_FACTOR, 1, 2, 1])
+    assert [got["pcie_rx_mibs"]] == alone("pcie_rx_mibs", pcie, [1, 1, 1, 1, CALM_HELD_FACTOR])
+    assert [got["energy_j"]] == alone("energy_j", energy, [1, 1, 1, 1, 1])
 
 
 def test_the_kernel_sampler_ticks_at_half_its_rate_while_calm_and_at_full_rate_after_a_change():

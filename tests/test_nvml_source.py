@@ -28,6 +28,7 @@ from gputop.sources.nvml import (
     kbps_to_mibs, nvml_reason,
 )
 from gputop.sources.calm import CALM_FACTOR, CALM_HELD_FACTOR, JobCalm
+from gputop.sources.nvml_fields import GPM_HOLD_S
 from gputop.sources.target import Target
 
 
@@ -279,8 +280,9 @@ def test_gpm_never_sampled_closer_than_100ms_on_a_jittered_10hz_schedule():
 def test_while_calm_the_gpm_gate_waits_the_factor_longer():
     gate = GpmGate()
     gate.taken(10.0)
-    assert gate.due(10.0 + GPM_EVERY_S) and not gate.due(10.0 + GPM_EVERY_S, CALM_HELD_FACTOR)
-    assert gate.due(10.0 + GPM_EVERY_S * CALM_HELD_FACTOR, CALM_HELD_FACTOR)
+    assert gate.due(10.0 + GPM_EVERY_S) and not gate.due(10.0 + GPM_EVERY_S, CALM_FACTOR)
+    assert not gate.due(10.0 + GPM_EVERY_S * (CALM_FACTOR - 1), CALM_FACTOR)
+    assert gate.due(10.0 + GPM_EVERY_S * CALM_FACTOR, CALM_FACTOR)
 
 
 def test_health_judges_the_loops_rate_against_its_interval_now_and_not_across_a_change():
@@ -398,7 +400,7 @@ def test_with_a_driver_the_contract_fields_arrive():
 
 @needs_driver
 def test_with_a_driver_a_calm_job_is_sampled_at_the_calm_rate_and_the_full_one_after_a_change():
-    """The fast loop at CALM_FACTOR times its interval and GPM at CALM_HELD_FACTOR times its gap
+    """The fast loop at CALM_FACTOR times its interval and GPM at CALM_FACTOR times its gap
     while calm (gputop/sources/calm.py), at 10 Hz again from the tick after the calm ends."""
     clock = SessionClock()
     calm = JobCalm(clock, after_s=0.0)
@@ -432,5 +434,6 @@ def test_with_a_driver_a_calm_job_is_sampled_at_the_calm_rate_and_the_full_one_a
     gpm = [s.t for s in gpu if t0 <= s.t < t1 and s.data["gpm_window_s"] is not None]
     if gpm:
         gaps = [b - a for a, b in zip(gpm, gpm[1:])]
-        assert min(gaps) >= GPM_EVERY_S * CALM_HELD_FACTOR - 0.05, gaps
+        assert min(gaps) >= GPM_EVERY_S * CALM_FACTOR - 0.05, gaps
+        assert max(gaps) <= GPM_HOLD_S, gaps    # the views hold a value from one snapshot to the next
     assert any(h.data.get("calm") for h in health) and health[-1].data["state"] == "ok", health[-1].data

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET
 from gputop.sources.calm import CALM_HELD_FACTOR, WEIGHT_FIELD, weight_of
-from gputop.sources.nvml_fields import HELD_FIELDS, OWN_CADENCE_FIELDS
+from gputop.sources.nvml_fields import GPM_EVERY_S, HELD_FIELDS, OWN_CADENCE_FIELDS
 
 RELATIVE_ERROR = 0.005                         # of a percentile, against the exact one
 _GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
@@ -41,10 +41,26 @@ def sample_weights(cols: dict, n: int) -> list[int] | None:
     return out if any(w != 1 for w in out) else None
 
 
+def held_weights(weights: list[int], windows: list | None) -> list[int] | None:
+    """The weights of a gpu series' GPM and PCIe values (``field_weights``' ``held``): a calm row's
+    GPM value (its ``gpm_window_s`` given) stands for the full-rate GPM readings of its window
+    (one per GPM_EVERY_S, at most the row's own weight: 2 where GPM's gap doubled while calm, 4
+    where it stretches with the fast loop); a calm PCIe reading without GPM (the slow loop's) for
+    CALM_HELD_FACTOR. None where every row weighs 1."""
+    out = []
+    for i, w in enumerate(weights):
+        win = windows[i] if windows is not None and i < len(windows) else None
+        if w > 1 and type(win) in (int, float) and 0 < win < 3600:
+            out.append(min(w, max(1, int(win / GPM_EVERY_S + 0.5))))
+        else:
+            out.append(min(w, CALM_HELD_FACTOR))
+    return out if any(x != 1 for x in out) else None
+
+
 def field_weights(name: str, weights: list[int] | None, held: list[int] | None) -> list[int] | None:
-    """The weights of one gpu field's rows: the sample's (the fast loop's factor), at most
-    CALM_HELD_FACTOR for a GPM or PCIe field (``held``, made once per series), none for the
-    energy counter (read every 5 s at any rate)."""
+    """The weights of one gpu field's rows: the sample's (the fast loop's factor), ``held`` for a
+    GPM or PCIe field (``held_weights``, made once per series), none for the energy counter (read
+    every 5 s at any rate)."""
     if weights is None or name in OWN_CADENCE_FIELDS:
         return None
     return held if name in HELD_FIELDS else weights
@@ -232,10 +248,7 @@ class StatsPartial:
         weights = sample_weights(cols, len(ts)) if kind == KIND_GPU else None
         if kind in (KIND_GPU, KIND_SYSTEM):
             dst = self.values[(kind, key)]
-            held = None
-            if weights is not None:
-                held = [min(w, CALM_HELD_FACTOR) for w in weights]
-                held = held if any(w != 1 for w in held) else None
+            held = held_weights(weights, cols.get("gpm_window_s")) if weights is not None else None
             for name, col in cols.items():
                 if name != WEIGHT_FIELD:
                     self._field(dst, name).add_column(col, field_weights(name, weights, held))

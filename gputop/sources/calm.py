@@ -51,10 +51,12 @@ CALM_FACTOR = 4
 # The kernel-wait sampler's rate is divided by this while calm (25 -> 12.5 Hz): the GIL-wait
 # share's accuracy (module docstring).
 CALM_KERNEL_FACTOR = 2
-# GPM's gap (0.5 -> 1 s) and NVML's slow loop (the processes on each GPU, 1 -> 2 s) stretch by
-# this much only: their readers hold a value for a fixed time (GPM_HOLD_S, 3 s: two GPM snapshots
-# are then at most 1 s and one calm fast-loop gap, 1.6 s, apart; gpu_procs older than 5 s count
-# as missing in the rank table and the exporter).
+# NVML's slow loop (the processes on each GPU, 1 -> 2 s) stretches by this much only: gpu_procs
+# older than 5 s count as missing in the rank table and the exporter. GPM's gap stretches by
+# CALM_FACTOR with the fast loop (0.5 -> 2 s; nvmlGpmMetricsGet costs ~1 ms a call, the largest
+# part of the fast loop's CPU): views hold a GPM value GPM_HOLD_S (4 s: two calm snapshots are at
+# most 2 s and one calm fast-loop gap, 1.6 s, apart), and a GPM value, the mean over its own
+# gpm_window_s, weighs that span in the report (derive/record_stats.py: gpm_weights).
 CALM_HELD_FACTOR = 2
 # While calm, py-spy's steady windows are this long instead of 5 s (sources/stacks.py). py-spy has no
 # streaming mode, so each window is a fresh py-spy whose start-up (attach, read the interpreter's

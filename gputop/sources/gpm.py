@@ -15,7 +15,6 @@ import time
 from typing import TYPE_CHECKING
 
 from gputop.model import clean_float
-from gputop.sources.calm import CALM_HELD_FACTOR
 from gputop.sources.nvml_errors import _code, _is_too_old, is_permanent, nv, nvml_reason
 from gputop.sources.nvml_fields import (GPM_EVERY_S, GPM_FIELDS, GPM_METRICS, GPM_PERCENT_FIELDS, NVLINK_FIELDS,
                                        PCIE_FIELDS)
@@ -37,7 +36,7 @@ class GpmGate:
         self.last: float | None = None
 
     def due(self, now: float, factor: float = 1.0) -> bool:
-        """``factor``: how much longer the gap is now (CALM_HELD_FACTOR, 2, while the job is calm)."""
+        """``factor``: how much longer the gap is now (CALM_FACTOR, 4, while the job is calm)."""
         return self.last is None or now - self.last >= self.min_gap_s * factor
 
     def taken(self, now: float) -> None:
@@ -156,8 +155,8 @@ class GpmReadings:
         if gpm.t_old is None:  # no baseline yet (the first snapshot failed, or newly watched)
             self._gpm_snapshot(gpu, gpm, first=True)
             return None
-        # while calm GPM stretches less than the fast loop (sources/calm.py: CALM_HELD_FACTOR)
-        if not gpm.gate.due(time.monotonic(), min(self._interval_factor, CALM_HELD_FACTOR)):
+        # while calm GPM's gap stretches as the fast loop's interval does (sources/calm.py: 0.5 -> 2 s)
+        if not gpm.gate.due(time.monotonic(), self._interval_factor):
             return None
         now = self._gpm_snapshot(gpu, gpm)
         if now is None:

@@ -98,10 +98,9 @@ class NvmlSource(GpuReadings, GpmReadings, SlowLoop, ThreadedSource):
                  calm=None) -> None:
         self.clock = clock
         # While the job is calm (gputop/sources/calm.py: a JobCalm, or None for always the set
-        # interval), the fast loop samples CALM_FACTOR times less often and GPM CALM_HELD_FACTOR
-        # times: every GPU sample costs its NVML calls here (this thread: 0.67% of a core at 10 Hz
-        # on the H200, 0.33-0.37% at 5 Hz; benchmarks/cpu_profile.py) and then its store insert,
-        # recording and processing.
+        # interval), the fast loop and GPM sample CALM_FACTOR times less often: every GPU sample
+        # costs its NVML calls here (this thread: 0.67% of a core at 10 Hz on the H200, 0.33-0.37%
+        # at 5 Hz; benchmarks/cpu_profile.py) and then its store insert, recording and processing.
         self.calm = calm
         self._interval_factor = 1.0
         self._factor_changed_at = -math.inf   # monotonic: the last change of the factor

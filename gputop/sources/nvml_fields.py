@@ -26,9 +26,9 @@ GPM_EVERY_S = 0.5
 # How long a GPM value stands for "now" in views that show the latest one (the UI's current
 # values, the ranks table, the stall snapshot): the fast loop's gap is at most 4x its 0.1 s
 # interval, so two snapshots are at most ~0.9 s apart on a machine that keeps up, and while the job
-# is calm (sources/calm.py: GPM_EVERY_S doubled, the interval x4) ~2.6 s; 3 s leaves room for
-# that without showing a value from a different phase of the job.
-GPM_HOLD_S = 3.0
+# is calm (sources/calm.py: GPM_EVERY_S and the interval x4) ~3.6 s; 4 s leaves room for that
+# without showing a value from a different phase of the job.
+GPM_HOLD_S = 4.0
 
 MIB = 1024 * 1024
 
@@ -50,10 +50,11 @@ NVLINK_FIELDS = ("nvlink_tx_mibs", "nvlink_rx_mibs")
 GPM_PERCENT_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw", "gr_active")
 # Fields of a gpu sample read less often than the fast loop ticks: GPM's (every GPM_EVERY_S) and
 # PCIe's (GPM's, or the slow loop's without GPM), None on the ticks between, and the energy
-# counter (every ENERGY_EVERY_S). Views hold them longer (ui/snapshot.py); while the job is calm
-# GPM and the slow loop stretch by CALM_HELD_FACTOR only, the energy counter not at all, so the
-# report weighs a calm sample's value of these by that, not by its calm_factor
-# (derive/record_stats.py).
+# counter (every ENERGY_EVERY_S). Views hold them longer (ui/snapshot.py). While the job is calm
+# their schedules stretch by their own factors, not by the fast loop's: a GPM value is the mean over
+# its gpm_window_s, the slow loop's PCIe reading (without GPM) stretches by CALM_HELD_FACTOR, the
+# energy counter not at all; the report weighs a calm sample's value of these so
+# (derive/record_stats.py: field_weights).
 HELD_FIELDS = frozenset(GPM_FIELDS) | frozenset(PCIE_FIELDS) | {"gpm_window_s"}
 OWN_CADENCE_FIELDS = frozenset({"energy_j"})
 
