@@ -64,11 +64,12 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
     calm = JobCalm(clock)
     sources = [
         calm,
-        # an interval the user chose is kept; the default one is CALM_FACTOR (4) times longer while
-        # the job is calm (sources/calm.py)
+        # an interval the user chose is kept; the default ones are CALM_FACTOR (4; NVML) and
+        # CALM_HELD_FACTOR (2; host) times longer while the job is calm (sources/calm.py)
         NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval or DEFAULT_INTERVAL_S,
                    calm=calm if a.interval is None else None),
-        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or DEFAULT_INTERVAL_S)),
+        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or DEFAULT_INTERVAL_S),
+                   calm=calm if a.interval is None else None),
     ]
     sources += _optional_sources(clock, target, a, calm)
     processors = _processors()

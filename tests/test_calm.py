@@ -183,6 +183,54 @@ def test_the_cli_hands_one_calm_watch_to_its_sources_and_keeps_an_interval_the_u
     stacks = next(s for s in session.sources if isinstance(s, StackSource))
     assert stacks.calm is calm[0], "py-spy's rate is never set by the user: always calm-able"
     assert (nvml.calm is calm[0]) == nvml_calm and nvml.interval_s == (0.5 if argv else 0.1)
+    from gputop.sources.host import HostSource
+
+    host = next(s for s in session.sources if isinstance(s, HostSource))
+    assert (host.calm is calm[0]) == nvml_calm
+
+
+def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_after_a_change():
+    """Real /proc of a real process: while calm the host source's ticks come ~2 s apart (never
+    more than 2.5 s, what a sparkline's cell holds: ui/fmt.HOLD_S) and its system and
+    process samples say so (calm_factor); its thread rows are not counted anywhere and carry
+    none; a change brings the 1 s ticks back at the next tick."""
+    from gputop.catalogue import KIND_PROC, KIND_SYSTEM, KIND_THREAD
+    from gputop.sources.calm import CALM_HELD_FACTOR
+    from gputop.sources.host import HostSource
+
+    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    clock = Clock()
+    calm = JobCalm(clock, after_s=0.0)
+    calm.on_samples([_phase(0.0)])
+    got: list = []
+    try:
+        p.first()
+        src = HostSource(clock, Target(p.pid), interval_s=1.0, calm=calm)
+        src.start(got.append)
+        try:
+            time.sleep(14.0)
+            calm.after_s = 1e9
+            calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "x", {"active": True})])
+            changed = clock.now()
+            time.sleep(8.0)
+        finally:
+            src.stop()
+    finally:
+        p.kill()
+    system = [s for s in got if s.kind == KIND_SYSTEM]
+    calm_t = [s.t for s in system if s.t < changed]
+    gaps = [b - a for a, b in zip(calm_t, calm_t[1:])]
+    assert len(gaps) >= 4 and 1.5 - 0.05 <= min(gaps) and max(gaps) <= 2.5 + 0.3, gaps
+    assert 1.6 <= sum(gaps) / len(gaps) <= 2.6, gaps
+    # the first calm tick follows a full-rate gap: it weighs 1, the others CALM_HELD_FACTOR
+    assert all(s.data.get("calm_factor") == CALM_HELD_FACTOR for s in system[1:] if s.t < changed)
+    procs = [s for s in got if s.kind == KIND_PROC and s.key == str(p.pid)]
+    assert all(s.data.get("calm_factor") == CALM_HELD_FACTOR for s in procs[1:] if s.t < changed)
+    assert all("calm_factor" not in s.data for s in got if s.kind == KIND_THREAD)
+    after = [s.t for s in system if s.t > changed + 3.5]
+    full = [b - a for a, b in zip(after, after[1:])]
+    assert len(full) >= 2 and 0.5 - 0.05 <= min(full) and sum(full) / len(full) <= 1.7, full
+    assert all("calm_factor" not in s.data for s in system if s.t > changed + 3.5)
 
 
 def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two():
@@ -207,6 +255,28 @@ def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two()
     assert w["clock_events"] == d["clock_events"]
     assert w["fields"] == d["fields"], "n, sum, min, max and the histogram: as if sampled at the full rate"
     assert "calm_factor" not in [f[2] for f in w["fields"]], "the weight is not a field of the report"
+
+
+def test_the_reports_host_statistics_count_a_calm_host_tick_for_the_full_rates_two():
+    """The host source ticks at half its rate while calm (system and proc samples say
+    calm_factor 2): the host-wide and per-process statistics are those with every calm sample
+    there twice."""
+    from gputop.catalogue import KIND_PROC, KIND_SYSTEM
+    from gputop.derive.record_stats import StatsPartial
+
+    cpu, mem = [50.0, 10.0, 30.0], [1e9, 2e9, 3e9]
+    calm = [None, 2, 2]
+    weighted = StatsPartial()
+    weighted.add(KIND_SYSTEM, "host", [1.0, 3.0, 5.0], {"cpu_pct": cpu, "mem_used": mem, "calm_factor": calm})
+    weighted.add(KIND_PROC, "7", [1.0, 3.0, 5.0], {"cpu_pct": cpu, "rss": mem, "calm_factor": calm})
+    doubled = StatsPartial()
+    rows = [0, 1, 1, 2, 2]
+    doubled.add(KIND_SYSTEM, "host", [1.0, 3.0, 3.5, 5.0, 5.5], {"cpu_pct": [cpu[i] for i in rows],
+                                                                "mem_used": [mem[i] for i in rows]})
+    doubled.add(KIND_PROC, "7", [1.0, 3.0, 3.5, 5.0, 5.5], {"cpu_pct": [cpu[i] for i in rows],
+                                                           "rss": [mem[i] for i in rows]})
+    assert weighted.to_json()["fields"] == doubled.to_json()["fields"]
+    assert "calm_factor" not in [f[2] for f in weighted.to_json()["fields"]]
 
 
 def test_a_calm_samples_gpm_and_energy_values_weigh_what_their_own_rates_stretched():

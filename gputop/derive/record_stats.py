@@ -22,12 +22,16 @@ _LOG_GAMMA = math.log(_GAMMA)
 _TINY = 1e-9                                   # |v| below this counts as 0
 _MAX_BUCKET = 20_000                           # |index|: beyond what a finite float can reach
 _LAST_KINDS = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_PROC, KIND_TARGET)   # the report reads their last row
+# kinds whose samples say how many of the full rate they stand for while calm (WEIGHT_FIELD): the
+# NVML fast loop's and the host source's (the target tree's per-tick totals are per tick)
+_WEIGHED = (KIND_GPU, KIND_SYSTEM, KIND_PROC)
 _MERGE_LAST = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET)
 _HEALTH_RANK = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}
 
 
-# A gpu sample taken while the job was calm (gputop/sources/calm.py: the NVML loop at a quarter of
-# its rate) says how many samples of the full rate it stands for; every statistic counts it that many
+# A gpu, system or proc sample taken while the job was calm (gputop/sources/calm.py: the NVML loop
+# at a quarter of its rate, the host source's at half) says how many samples of the full rate it
+# stands for; every statistic counts it that many
 # times, so a mean, a percentile or a share over a recording that mixes both rates is one over time.
 # The fields read on their own schedules (nvml_fields.HELD_FIELDS, OWN_CADENCE_FIELDS) stretched
 # less while calm: ``field_weights`` gives theirs.
@@ -245,7 +249,7 @@ class StatsPartial:
         if ts:
             self.t_first = min(self.t_first, ts[0], ts[-1])
             self.t_last = max(self.t_last, ts[0], ts[-1])
-        weights = sample_weights(cols, len(ts)) if kind == KIND_GPU else None
+        weights = sample_weights(cols, len(ts)) if kind in _WEIGHED else None
         if kind in (KIND_GPU, KIND_SYSTEM):
             dst = self.values[(kind, key)]
             held = held_weights(weights, cols.get("gpm_window_s")) if weights is not None else None
@@ -268,7 +272,7 @@ class StatsPartial:
                 tick[2] += 1
             dst = self.values[(kind, key)]
             for name in ("cpu_pct", "rss"):
-                self._field(dst, name).add_column(cols.get(name, []))
+                self._field(dst, name).add_column(cols.get(name, []), weights)
         if kind == KIND_GPU:
             self.gpu_rows[key] += sum(weights) if weights is not None else len(ts)
             for i, evs in enumerate(cols.get("clock_events", [])):

@@ -12,6 +12,12 @@ Every tick (1 Hz by default, ``DEFAULT_INTERVAL_S``, jittered) it publishes:
   environments, read once per new process: gputop/sources/ranks.py);
 - ``health``/"host" at start, on change and about every 5 s (with gputop's own sampling cost).
 
+While the job is calm (gputop/sources/calm.py) the ticks come CALM_HELD_FACTOR (2) times less
+often, and their ``system`` and ``proc`` samples say so (``calm_factor``: the report's statistics
+weigh them so). Each tick is ~37 samples on a GPU job of 35 threads, most of everything gputop
+publishes, each stored, recorded and summarized; the jitter is narrower then, so the longest gap
+(2.5 s) is shorter than the full rate's (3 s) and the views' holds cover it.
+
 How it stays cheap (budget: ~1% of one core for ~10 processes and ~60 threads at 2 Hz):
 per-thread numbers come straight from /proc, and every /proc file read each tick is opened
 once and re-read with ``pread(fd, n, 0)`` (procfs regenerates the text on a read from offset
@@ -41,6 +47,7 @@ from collections import deque
 from gputop.model import (KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET,
                           KIND_THREAD, MetricSpec, Sample, clean_float, health_data)
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource, jittered
+from gputop.sources.calm import CALM_HELD_FACTOR, WEIGHT_FIELD
 from gputop.sources.host_procs import ProcFiles, TaskFiles
 from gputop.sources.procfs import (CLK_TCK, F_MAJFLT, F_PPID, F_RSS, F_STIME, F_THREADS, F_UTIME, GONE_STATES,
                                    PAGE_SIZE, STATE_WORDS, FdBudget, Gone, is_mp_helper, parse_kv, parse_stat,
@@ -203,12 +210,16 @@ class HostSource(ThreadedSource):
     name = "host"
     thread_name = "gputop-host"
 
-    def __init__(self, clock, target, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, clock, target, interval_s: float = DEFAULT_INTERVAL_S, calm=None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, not {interval_s}")
         self.clock = clock
         self.target = target
         self.interval_s = float(interval_s)
+        # a JobCalm (sources/calm.py), or None for always the set interval
+        self.calm = calm
+        self._gap_weight = 1     # of the gap being waited: CALM_HELD_FACTOR when it is a calm one
+        self.tick_weight = 1     # of the tick now: the gap before it (its samples' calm_factor)
         self._rng = random.Random()
         self._init_thread()
         self._budget = FdBudget()
@@ -261,7 +272,15 @@ class HostSource(ThreadedSource):
     # -- the loop ---------------------------------------------------------------------------
     def _next_delay(self) -> float:
         """A jittered interval: never periodic, so samples cannot lock onto a training step's
-        period. Mean ~ interval_s, never below half of it or above three times it."""
+        period. Mean ~ interval_s, never below half of it or above three times it. While the job
+        is calm, ~CALM_HELD_FACTOR x interval_s, between 0.75 and 1.25 times that (2.5 s: what a
+        sparkline's cell holds, ui/fmt.HOLD_S, and under the views' other holds). Called just
+        before a tick: that tick stands for the gap before it."""
+        self.tick_weight = self._gap_weight
+        if self.calm is not None and self.calm.calm():
+            self._gap_weight = CALM_HELD_FACTOR
+            return jittered(self.interval_s * CALM_HELD_FACTOR, self._rng, floor=0.75, cap=1.25)
+        self._gap_weight = 1
         return jittered(self.interval_s, self._rng, floor=0.5, cap=3.0)
 
     def _main(self) -> None:
@@ -296,6 +315,8 @@ class HostSource(ThreadedSource):
         p0 = time.thread_time()
         system = self.system.sample(t)
         p1 = time.thread_time()
+        if self.tick_weight > 1:
+            system[WEIGHT_FIELD] = self.tick_weight
         emit(Sample(t, KIND_SYSTEM, "host", system))
         p2 = time.thread_time()
         self.phase_s["system"] += p1 - p0
@@ -368,6 +389,8 @@ class HostSource(ThreadedSource):
             if proc.info_said != (proc.name, proc.role):
                 proc.info_said = (proc.name, proc.role)
                 out.append(Sample(t, KIND_PROC_INFO, str(pid), self._info(proc, by_pid.get(pid))))
+            if self.tick_weight > 1:
+                data[WEIGHT_FIELD] = self.tick_weight
             out.append(Sample(t, KIND_PROC, str(pid), data))
         out.extend(self._thread_samples(main, t))
         out.extend(self.ranks.update(t, {pid: (stats[pid]["ppid"], self._procs[pid].name, self._procs[pid].cmdline)
