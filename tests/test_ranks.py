@@ -283,7 +283,9 @@ def test_the_ranks_view_draws_a_row_per_rank(job):
 def test_shell_launcher_late_rank_probe_rank_and_workers(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, MASTER_PORT=str(free_port()), GPUTOP_PROBE_DIR=str(tmp_path / "sock"),
                OMP_NUM_THREADS="1")
-    cmd = ["sh", str(WL / "ranks_launch.sh"), "3", "--duration", "3", "--workers", "1", "--probe",
+    # (6 s of training: each rank's DataLoader worker lives that long, so the host source's ticks,
+    # up to 3 s apart, see it even on a loaded box; 3 s missed it there once)
+    cmd = ["sh", str(WL / "ranks_launch.sh"), "3", "--duration", "6", "--workers", "1", "--probe",
            "--grad-sync", "allreduce", "--out", str(tmp_path / "own")]
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
