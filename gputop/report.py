@@ -244,7 +244,9 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
     if (KIND_SYSTEM, "host") in agg.values:
         host["system"] = {"metrics": _metrics(KIND_SYSTEM, agg.values[(KIND_SYSTEM, "host")], specs)}
     if agg.tree_ticks:
-        ticks = agg.tree_ticks.values()
+        # a calm host tick stands for its calm_factor ticks of the full rate (derive/record_stats.py)
+        w = agg.tick_weights
+        ticks = [t for at, t in agg.tree_ticks.items() for _ in range(w.get(at, 1))]
         host["target_tree"] = {"metrics": {
             "cpu_pct": {**summarize(t[0] for t in ticks), "unit": "%"},
             "rss": {**summarize(t[1] for t in ticks), "unit": "B"},

@@ -231,6 +231,10 @@ def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_afte
     full = [b - a for a, b in zip(after, after[1:])]
     assert len(full) >= 2 and 0.5 - 0.05 <= min(full) and sum(full) / len(full) <= 1.7, full
     assert all("calm_factor" not in s.data for s in system if s.t > changed + 3.5)
+    # health says the rate planned and that it is the calm one (the Sources view's calm note)
+    health = [s.data for s in got if s.kind == KIND_HEALTH and s.key == "host"]
+    assert any(h.get("calm") is True and h["rate_hz"] == 0.5 for h in health), health
+    assert health[-1]["calm"] is False and health[-1]["rate_hz"] == 1.0, health[-1]
 
 
 def test_the_reports_statistics_count_a_calm_gpu_sample_for_the_full_rates_two():
@@ -277,6 +281,36 @@ def test_the_reports_host_statistics_count_a_calm_host_tick_for_the_full_rates_t
                                                            "rss": [mem[i] for i in rows]})
     assert weighted.to_json()["fields"] == doubled.to_json()["fields"]
     assert "calm_factor" not in [f[2] for f in weighted.to_json()["fields"]]
+
+
+def test_the_reports_target_tree_counts_a_calm_host_tick_for_the_full_rates_two(tmp_path):
+    """The target tree's per-tick totals too: a report of a file whose calm host ticks say
+    calm_factor 2 (written by the recorder with its summary frames, read back) gives the tree's
+    statistics of the same file with every calm tick there twice."""
+    from gputop.catalogue import KIND_PROC, KIND_SYSTEM
+    from gputop.report import build_report
+    from gputop.session.recorder import Recorder, RecordingWriter
+    from gputop.verdicts.recording_summary import RecordingSummarizer
+
+    def report(name: str, ticks: list[tuple[float, float, int]]) -> dict:
+        rec = Recorder(RecordingWriter(str(tmp_path / name), {"target": {"pid": 7}}),
+                       summarizer=RecordingSummarizer())
+        samples = []
+        for t, cpu, w in ticks:
+            extra = {"calm_factor": w} if w > 1 else {}
+            samples += [Sample(t, KIND_SYSTEM, "host", {"cpu_pct": cpu, **extra}),
+                        Sample(t, KIND_PROC, "7", {"cpu_pct": cpu, "rss": 1e9 + cpu, "ppid": 1, **extra}),
+                        Sample(t, KIND_PROC, "8", {"cpu_pct": 2 * cpu, "rss": 2e9, "ppid": 7, **extra})]
+        rec.on_samples(samples)
+        rec.flush()
+        rec.stop()
+        return build_report(str(tmp_path / name))["host"]
+
+    calm = report("calm.gtrec", [(1.0, 50.0, 1), (3.0, 10.0, 2), (5.0, 30.0, 2)])
+    twice = report("twice.gtrec", [(1.0, 50.0, 1), (3.0, 10.0, 1), (3.5, 10.0, 1), (5.0, 30.0, 1), (5.5, 30.0, 1)])
+    assert calm["target_tree"] == twice["target_tree"]
+    assert calm["target_tree"]["metrics"]["cpu_pct"]["n"] == 5
+    assert calm["system"] == twice["system"]
 
 
 def test_a_calm_samples_gpm_and_energy_values_weigh_what_their_own_rates_stretched():

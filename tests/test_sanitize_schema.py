@@ -42,12 +42,26 @@ def _frames(bad) -> dict:
             "threads": [{"tid": 7, "name": "MainThread", "stacks": [[5, [0, 1]], [2, [0, bad]]]}]}
 
 
-@pytest.mark.parametrize("bad, why", [
-    (float("nan"), "not finite"), (float("inf"), "not finite"), (-float("inf"), "not finite"),
-    (10 ** 19, "beyond 1e18"), (-2e18, "beyond 1e18"), ("x" * 20000, "characters"),
-    ({"k" * 300: 1}, "a key of 300"), ((1, 2), "not a JSON value"),
-    (object(), "not a JSON value"), ([[[[[[[[1]]]]]]]], "nested deeper"),
-])
+BAD_NUMBERS = [(float("nan"), "not finite"), (float("inf"), "not finite"), (-float("inf"), "not finite"),
+               (10 ** 19, "beyond 1e18"), (-2e18, "beyond 1e18")]
+BAD_VALUES = BAD_NUMBERS + [("x" * 20000, "characters"), ({"k" * 300: 1}, "a key of 300"),
+                            ((1, 2), "not a JSON value"), (object(), "not a JSON value"),
+                            ([[[[[[[[1]]]]]]]], "nested deeper")]
+
+
+@pytest.mark.parametrize("bad, why", BAD_NUMBERS)
+def test_a_non_finite_or_huge_number_anywhere_in_a_column_is_found(bad, why):
+    """The whole-column check (min/max over the column) passes only what the value-by-value one
+    passes: a NaN in the middle of a column, where min and max step over it, is still found."""
+    from gputop.session.sanitize import clean_series
+
+    for col in ([bad, 1.0, 2.0], [1.0, bad, 2.0], [1.0, None, bad]):
+        b = BadValues()
+        _kind, _key, _ts, cols = clean_series("gpu", "0", [1.0, 2.0, 3.0], {"util_gpu": col}, b)
+        assert cols["util_gpu"][col.index(bad)] is None and b, (col, cols)
+
+
+@pytest.mark.parametrize("bad, why", BAD_VALUES)
 def test_a_bad_value_deep_inside_a_clean_looking_one_is_found(bad, why):
     """The one-walk check of a nested value (sanitize._within_bounds) passes only what the item-by-item
     walk passes: anything out of bounds, however deep, is still found and named."""

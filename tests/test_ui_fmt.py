@@ -54,6 +54,25 @@ def test_cell_means_one_pass_for_several_fields():
     assert cells["b"] == [None, 4.0, 8.0, None]
 
 
+def test_gpm_fields_hold_until_the_next_gpm_snapshot_in_a_sparkline():
+    """GPM values come every 0.5 s, every ~2 s while the job is calm (up to ~3.6 s apart): the
+    GPU view's sparklines hold them GPM_HOLD_S (the fields' own hold), not the 2.5 s of the
+    fields every sample carries, so a calm GPM line has no blank cells between snapshots."""
+    from gputop.sources.nvml_fields import GPM_HOLD_S
+    from gputop.ui.snapshot import _LONGER
+
+    class S:
+        def __init__(self, t, **data):
+            self.t, self.data = t, data
+    # util every 0.4 s, SM active twice, 3.5 s apart
+    samples = [S(round(0.4 * k, 1), util_gpu=50, sm_active=(60 if k in (1, 10) else None)) for k in range(20)]
+    cells = fmt.cell_means(samples, ("util_gpu", "sm_active"), 8.0, 8, 8, longer=_LONGER)
+    assert None not in cells["sm_active"][:8] and None not in cells["util_gpu"]
+    assert 3.5 < GPM_HOLD_S
+    short = fmt.cell_means(samples, ("util_gpu", "sm_active"), 8.0, 8, 8)
+    assert None in short["sm_active"][:5]   # the 2.5 s hold alone leaves a gap there
+
+
 def test_fit_marks_a_cut_with_an_ellipsis_and_keeps_styles():
     t = Text("anomaly detection off · deterministic off")
     t.stylize("bold", 0, 7)

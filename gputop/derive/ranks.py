@@ -29,7 +29,7 @@ import math
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_PROC, Sample
 from gputop.derive.steps import pool_collectives
 from gputop.session.store import SampleStore
-from gputop.sources.nvml_fields import GPM_HOLD_S   # GPM values come every 0.5 s
+from gputop.sources.nvml_fields import GPM_HOLD_S   # GPM values come every 0.5 s (2 s while calm)
 from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
 from gputop.catalogue import KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_THREAD_STATE

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET
-from gputop.sources.calm import CALM_HELD_FACTOR, WEIGHT_FIELD, weight_of
+from gputop.sources.calm import CALM_HELD_FACTOR, MAX_WEIGHT, WEIGHT_FIELD, weight_of
 from gputop.sources.nvml_fields import GPM_EVERY_S, HELD_FIELDS, OWN_CADENCE_FIELDS
 
 RELATIVE_ERROR = 0.005                         # of a percentile, against the exact one
@@ -23,7 +23,8 @@ _TINY = 1e-9                                   # |v| below this counts as 0
 _MAX_BUCKET = 20_000                           # |index|: beyond what a finite float can reach
 _LAST_KINDS = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_PROC, KIND_TARGET)   # the report reads their last row
 # kinds whose samples say how many of the full rate they stand for while calm (WEIGHT_FIELD): the
-# NVML fast loop's and the host source's (the target tree's per-tick totals are per tick)
+# NVML fast loop's and the host source's (a host tick's weight also weighs the target tree's
+# per-tick totals: ``tick_weights``)
 _WEIGHED = (KIND_GPU, KIND_SYSTEM, KIND_PROC)
 _MERGE_LAST = (KIND_GPU_INFO, KIND_PROC_INFO, KIND_HEALTH, KIND_TARGET)
 _HEALTH_RANK = {"failed": 3, "degraded": 2, "ok": 1, "off": 0}
@@ -234,6 +235,7 @@ class StatsPartial:
         self.t_first, self.t_last = math.inf, -math.inf
         self.values: dict[tuple[str, str], dict[str, FieldStats]] = defaultdict(dict)
         self.tree_ticks: dict[float, list] = {}                  # tick -> [cpu, rss, n]
+        self.tick_weights: dict[float, int] = {}                 # tick -> its calm_factor (> 1 only)
         self.last: dict[tuple[str, str], dict] = {}
         self.gpu_rows: dict[str, int] = defaultdict(int)
         self.clock_events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -260,9 +262,12 @@ class StatsPartial:
             # The tree's total per host tick: samples of one tick share a timestamp (to 50 ms).
             cpu, rss = cols.get("cpu_pct", []), cols.get("rss", [])
             for i, t in enumerate(ts):
-                tick = self.tree_ticks.get(round(t * 20) / 20)
+                at = round(t * 20) / 20
+                tick = self.tree_ticks.get(at)
                 if tick is None:
-                    tick = self.tree_ticks[round(t * 20) / 20] = [0.0, 0.0, 0]
+                    tick = self.tree_ticks[at] = [0.0, 0.0, 0]
+                if weights is not None and weights[i] > 1:
+                    self.tick_weights[at] = max(self.tick_weights.get(at, 1), weights[i])
                 c = _num(cpu[i]) if i < len(cpu) else None
                 r = _num(rss[i]) if i < len(rss) else None
                 if c is not None:
@@ -325,6 +330,8 @@ class StatsPartial:
             mine[0] += c
             mine[1] += r
             mine[2] += n
+        for tick, w in o.tick_weights.items():
+            self.tick_weights[tick] = max(self.tick_weights.get(tick, 1), w)
         for kk, last in o.last.items():
             self._last(kk[0], kk[1], last)
         for key, n in o.gpu_rows.items():
@@ -346,6 +353,9 @@ class StatsPartial:
             "fields": [[kind, key, name, st.to_json()] for (kind, key), f in self.values.items()
                        for name, st in f.items()],
             "ticks": [[t, c, r, n] for t, (c, r, n) in self.tree_ticks.items()],
+            # (its own list, so that a reader of the files before it, which checks "ticks" rows of
+            # four, still takes these frames)
+            "tick_weights": [[t, w] for t, w in self.tick_weights.items()],
             "last": [[kind, key, last] for (kind, key), last in self.last.items()],
             "gpu_rows": dict(self.gpu_rows),
             "clock_events": {k: dict(v) for k, v in self.clock_events.items()},
@@ -375,6 +385,11 @@ class StatsPartial:
             if not _is_count(k):
                 raise ValueError("tick")
             p.tree_ticks[_float(t)] = [_float(c), _float(r), k]
+        if obj.get("tick_weights") is not None:   # (absent in frames of the code before it)
+            for t, w in _rows(obj, "tick_weights", 2):
+                if not _is_count(w) or not 1 <= w <= MAX_WEIGHT:
+                    raise ValueError("tick weight")
+                p.tick_weights[_float(t)] = w
         for kind, key, last in _rows(obj, "last", 3):
             if not isinstance(last, dict):
                 raise ValueError("last row")

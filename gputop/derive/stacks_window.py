@@ -74,7 +74,7 @@ def works_now(store, now: float, every_s: float, last_t: float | None) -> bool:
     of CALM_STRETCH x ``every_s`` in session time, so that a replay's jump (whose processors start
     afresh on the same 1 s grid) works at the same times as playing through; ``last_t`` (the last
     run that worked) only adds a run where the live derive thread's ticks, which drift against
-    that grid, skipped one (never more than CALM_STRETCH x ``every_s`` between two)."""
+    that grid, skipped one (never more than CALM_STRETCH runs between two that work)."""
     if not stacks_calm(store):
         return True
     period = every_s * CALM_STRETCH

@@ -194,8 +194,9 @@ def _ranks(store) -> dict[str, str]:
 
 def derived_stale_s(derive_every_s: float) -> float:
     """How old the processors' newest output (the time budget, thread states, verdicts) may be
-    and still be served: ``STALE_S`` at their 1 s cadence, longer when they run less often (the
-    node agent's every 4 s: 8 s). A shorter limit would drop an active verdict from every other
+    and still be served: ``STALE_S`` at their 1 s cadence (the budget every 2 s and the thread
+    states every 4 s while the job is calm: derive/stacks_window.works_now; the thread states get
+    2 s more), longer when they run less often (the node agent's every 4 s: 8 s). A shorter limit would drop an active verdict from every other
     scrape between two runs, and Prometheus would restart an alert's ``for:`` each time."""
     return STALE_S + max(0.0, derive_every_s - 1.0)
 
@@ -399,7 +400,7 @@ def _budget(fams: _Families, store, now: float, host: str, target_pid: str, deri
         shares = window.get("shares") if isinstance(window.get("shares"), dict) else {}
         for c in bd.CATEGORIES:
             fams.add("time_budget_share", BUDGET_HELP, {"host": host, "pid": pid, "category": c}, shares.get(c))
-    # the phase: the window's (every second) when there is one, else the phase sample (sent on
+    # the phase: the window's (every second, 2 s while calm) when there is one, else the phase sample (sent on
     # change and every 10 s; "ended" stays true once the job ended)
     phase = window.get("phase") if window is not None else None
     if not phase:

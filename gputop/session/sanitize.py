@@ -265,7 +265,8 @@ def _column_ok(col: list, want: str, allowed) -> bool:
         if want not in (N, A):
             return types == _ONLY_NONE
         vals = [v for v in col if v is not None] if _NONE in types else col
-        return not vals or (-MAX_NUMBER <= min(vals) and max(vals) <= MAX_NUMBER)
+        # (min/max pass over a NaN that is not first: the sum of finite values within 1e18 is finite)
+        return not vals or (-MAX_NUMBER <= min(vals) and max(vals) <= MAX_NUMBER and math.isfinite(sum(vals)))
     if types <= _STRINGS:
         if want not in (S, A):
             return False

@@ -56,7 +56,7 @@ CALM_KERNEL_FACTOR = 2
 # CALM_FACTOR with the fast loop (0.5 -> 2 s; nvmlGpmMetricsGet costs ~1 ms a call, the largest
 # part of the fast loop's CPU): views hold a GPM value GPM_HOLD_S (4 s: two calm snapshots are at
 # most 2 s and one calm fast-loop gap, 1.6 s, apart), and a GPM value, the mean over its own
-# gpm_window_s, weighs that span in the report (derive/record_stats.py: gpm_weights).
+# gpm_window_s, weighs that span in the report (derive/record_stats.py: held_weights).
 CALM_HELD_FACTOR = 2
 # While calm, py-spy's steady windows are this long instead of 5 s (sources/stacks.py). py-spy has no
 # streaming mode, so each window is a fresh py-spy whose start-up (attach, read the interpreter's

@@ -206,6 +206,12 @@ def _bps(x: float | None) -> int | None:
 # The source
 
 
+# jittered()'s mean is a little under the one asked once its tail is capped: 0.997 at the full
+# rate (floor 0.5, cap 3), 0.976 with floor 0.8 and a cap of 2.5 s; asking 2% more while calm keeps
+# the calm gap CALM_HELD_FACTOR times the full rate's mean (1.99 against 0.997 s)
+_CALM_STRETCH = 1.02
+
+
 class HostSource(ThreadedSource):
     name = "host"
     thread_name = "gputop-host"
@@ -272,14 +278,16 @@ class HostSource(ThreadedSource):
     # -- the loop ---------------------------------------------------------------------------
     def _next_delay(self) -> float:
         """A jittered interval: never periodic, so samples cannot lock onto a training step's
-        period. Mean ~ interval_s, never below half of it or above three times it. While the job
-        is calm, ~CALM_HELD_FACTOR x interval_s, between 0.75 and 1.25 times that (2.5 s: what a
-        sparkline's cell holds, ui/fmt.HOLD_S, and under the views' other holds). Called just
-        before a tick: that tick stands for the gap before it."""
+        period. Mean ~ interval_s (0.997 x), never below half of it or above three times it.
+        While the job is calm, between 1.63 and 2.5 x interval_s (2.5 s: what a sparkline's cell
+        holds, ui/fmt.HOLD_S, and under the views' other holds), mean 1.99 x: CALM_HELD_FACTOR
+        times the full rate's mean, so a calm tick's weight (its calm_factor) is its share of
+        time. Called just before a tick: that tick stands for the gap before it."""
         self.tick_weight = self._gap_weight
         if self.calm is not None and self.calm.calm():
             self._gap_weight = CALM_HELD_FACTOR
-            return jittered(self.interval_s * CALM_HELD_FACTOR, self._rng, floor=0.75, cap=1.25)
+            mean = self.interval_s * CALM_HELD_FACTOR * _CALM_STRETCH
+            return jittered(mean, self._rng, floor=0.8, cap=CALM_HELD_FACTOR * 1.25 * self.interval_s / mean)
         self._gap_weight = 1
         return jittered(self.interval_s, self._rng, floor=0.5, cap=3.0)
 
@@ -620,8 +628,9 @@ class HostSource(ThreadedSource):
                             f"{self._n_threads} threads): more than planned")
         state = "failed" if self._error and self.ticks and self.target_state is None else (
             "degraded" if problems else "ok")
+        every_s = self.interval_s * self._gap_weight   # (twice the interval while calm)
         message = "; ".join(problems) if problems else (
-            f"sampling the target's processes and threads and the host every ~{self.interval_s:g} s (jittered)")
+            f"sampling the target's processes and threads and the host every ~{every_s:g} s (jittered)")
         said = (state, message)
         if not self._heartbeat.due(said, t, force):
             return
@@ -631,7 +640,7 @@ class HostSource(ThreadedSource):
             self._health_cpu = (self.cpu_s, now, self.ticks)
             self._cost_pct = cost
         self._emit(Sample(t, KIND_HEALTH, self.name, health_data(
-            state, message, rate_hz=round(1.0 / self.interval_s, 3),
+            state, message, rate_hz=round(1.0 / every_s, 3), calm=self._gap_weight > 1,
             target_state=self.target_state, procs=len(self._procs), threads=self._n_threads,
             ranks=len(self.ranks.running),
             cost_pct=clean_float(cost, 2),

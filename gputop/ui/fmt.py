@@ -170,7 +170,7 @@ HOLD_S = 2.5  # a sampled value holds until the next sample, for at most this lo
 
 
 def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, width: int,
-               hold_s: float = HOLD_S) -> dict[str, list[float | None]]:
+               hold_s: float = HOLD_S, longer: tuple[frozenset, float] | None = None) -> dict[str, list[float | None]]:
     """Per field, the value of each of ``width`` cells covering ``window_s`` seconds up to
     ``t_end``, from samples (objects with ``.t`` and ``.data``) in time order. One pass over
     the samples serves every field: the GPU view draws 15 sparklines per GPU.
@@ -179,7 +179,8 @@ def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, wi
     of its own takes the previous sample's value when that is at most ``hold_s`` older (a
     sampled value holds until the next sample; jittered sampling leaves such slices);
     otherwise it is None: no data, drawn blank, never as a low bar. Slices are aligned to
-    multiples of their width so the line scrolls steadily as ``t_end`` moves.
+    multiples of their width so the line scrolls steadily as ``t_end`` moves. ``longer``:
+    (fields, seconds) held that long instead (GPM's, read every 0.5 s, every 2 s while calm).
     """
     out: dict[str, list[float | None]] = {}
     if width <= 0 or window_s <= 0:
@@ -213,6 +214,7 @@ def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, wi
                     before[f] = (t, v)
     for f in fields:
         means: list[float | None] = []
+        hold = max(hold_s, longer[1]) if longer is not None and f in longer[0] else hold_s
         held_t, held_v = before.get(f, (None, None))
         c, sm, nw = counts[f], sums[f], newest[f]
         for i in range(width):
@@ -220,7 +222,7 @@ def cell_means(samples, fields: Sequence[str], t_end: float, window_s: float, wi
                 m = sm[i] / c[i]
                 means.append(m)
                 held_t, held_v = nw[i], m
-            elif held_t is not None and (first + i) * cell - held_t <= hold_s:
+            elif held_t is not None and (first + i) * cell - held_t <= hold:
                 means.append(held_v)
             else:
                 means.append(None)

@@ -20,6 +20,9 @@ from gputop.ui.fmt import HOLD_S, cell_means
 # 1.6 s), or GPM_HOLD_S for the fields read less often than that.
 CURRENT_HOLD_S = 2.0
 HELD_LONGER = HELD_FIELDS
+# sparkline cells: these fields hold GPM_HOLD_S, the others ui/fmt.HOLD_S (GPM's calm snapshots
+# are up to ~3.6 s apart)
+_LONGER = (HELD_LONGER, GPM_HOLD_S)
 
 
 def key_order(key: str):
@@ -105,7 +108,7 @@ class Snapshot:
     def _cells_now(self, kind: str, key: str, fields: tuple[str, ...], width: int) -> dict[str, list]:
         cache = self._cell_cache
         if cache is None or width <= 1:
-            return cell_means(self.series(kind, key), fields, self.now, self.history_s, width)
+            return cell_means(self.series(kind, key), fields, self.now, self.history_s, width, longer=_LONGER)
         cell = self.history_s / width
         idx = math.floor(self.now / cell)
         ck = (kind, key, fields, width, self.history_s)
@@ -113,13 +116,15 @@ class Snapshot:
         if hit is not None and hit[0] == idx and hit[1] <= self.now:
             # Same newest cell as last time and time went forward: only that cell can differ.
             # It is recomputed with the few cells before it that its held value can come from
-            # (a cell without samples holds the previous cell's mean for up to HOLD_S).
-            k = min(width, math.ceil(HOLD_S / cell) + 2)
-            recent = self.store.series(kind, key, (idx - k + 1) * cell - HOLD_S)
-            tail = cell_means(recent, fields, self.now, k * cell, k)
+            # (a cell without samples holds the previous cell's mean for up to HOLD_S, GPM_HOLD_S
+            # for the fields read less often).
+            hold = max(HOLD_S, GPM_HOLD_S) if any(f in HELD_LONGER for f in fields) else HOLD_S
+            k = min(width, math.ceil(hold / cell) + 2)
+            recent = self.store.series(kind, key, (idx - k + 1) * cell - hold)
+            tail = cell_means(recent, fields, self.now, k * cell, k, longer=_LONGER)
             got = {f: hit[2][f][:-1] + tail[f][-1:] for f in fields}
         else:
-            got = cell_means(self.series(kind, key), fields, self.now, self.history_s, width)
+            got = cell_means(self.series(kind, key), fields, self.now, self.history_s, width, longer=_LONGER)
         cache[ck] = (idx, self.now, got)
         if len(cache) > 512:  # series come and go (processes): keep it bounded
             cache.pop(next(iter(cache)))

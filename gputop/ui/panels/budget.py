@@ -31,7 +31,7 @@ from gputop.verdicts.budget_rules import _stall_text
 register_view("time", "Time", order=85)   # after Ranks, before Sources (which stays last)
 
 STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
-STALE_S = 5.0          # the processor publishes the window budget every second
+STALE_S = 5.0          # the processor publishes the window budget every second (every 2 s while calm)
 MIN_SHARE = 0.01       # the strip leaves out shares under 1%
 FRAME_MIN_SHARE = 0.001  # the Time view lists frames from 0.1% of the budget
 TOP_FRAMES = 5
