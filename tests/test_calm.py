@@ -212,7 +212,7 @@ def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_afte
             calm.after_s = 1e9
             calm.on_samples([Sample(clock.now(), KIND_VERDICT_CHANGE, "x", {"active": True})])
             changed = clock.now()
-            time.sleep(8.0)
+            time.sleep(12.0)
         finally:
             src.stop()
     finally:
@@ -227,10 +227,11 @@ def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_afte
     procs = [s for s in got if s.kind == KIND_PROC and s.key == str(p.pid)]
     assert all(s.data.get("calm_factor") == CALM_HELD_FACTOR for s in procs[1:] if s.t < changed)
     assert all("calm_factor" not in s.data for s in got if s.kind == KIND_THREAD)
-    after = [s.t for s in system if s.t > changed + 3.5]
+    # (the calm gap in flight at the change ends first: up to 2.5 s, more on a loaded box)
+    after = [s.t for s in system if s.t > changed + 4.0]
     full = [b - a for a, b in zip(after, after[1:])]
-    assert len(full) >= 2 and 0.5 - 0.05 <= min(full) and sum(full) / len(full) <= 1.7, full
-    assert all("calm_factor" not in s.data for s in system if s.t > changed + 3.5)
+    assert len(full) >= 3 and 0.5 - 0.05 <= min(full) and sum(full) / len(full) <= 1.7, full
+    assert all("calm_factor" not in s.data for s in system if s.t > changed + 4.0)
     # health says the rate planned and that it is the calm one (the Sources view's calm note)
     health = [s.data for s in got if s.kind == KIND_HEALTH and s.key == "host"]
     assert any(h.get("calm") is True and h["rate_hz"] == 0.5 for h in health), health

@@ -74,10 +74,10 @@ def chain(tmp_path_factory):
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         f"scrape_configs:\n  - job_name: gputop\n    static_configs:\n      - targets: ['127.0.0.1:{gport}']\n")
     workload = launch_with_probe([sys.executable, "-m", "gputop.demo.workload", "--scenario", "input_bound",
-                                  "--duration", "180"], env=dict(os.environ, RANK=RANK),
+                                  "--duration", "240"], env=dict(os.environ, RANK=RANK),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gputop = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(workload.pid), "--headless",
-                               "--duration", "150", "--prometheus", f"127.0.0.1:{gport}",
+                               "--duration", "210", "--prometheus", f"127.0.0.1:{gport}",
                                "--record", str(tmp / "live.gtrec")],
                               stdout=subprocess.DEVNULL, stderr=open(tmp / "gputop.err", "w"))
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
@@ -98,7 +98,7 @@ def chain(tmp_path_factory):
                 p.wait()
 
 
-@pytest.mark.timeout(180)   # the waits below, on a loaded machine; gputop and its target outlast them
+@pytest.mark.timeout(240)   # the waits below, on a loaded machine; gputop and its target outlast them
 def test_prometheus_scrapes_gputop(chain):
     prom, pid = chain["prom"], chain["pid"]
     up = prom.wait('up{job="gputop"}', lambda r: r and val(r[0]) == 1, 30, "the scrape of gputop")
@@ -138,7 +138,9 @@ def test_prometheus_scrapes_gputop(chain):
     # verdicts: every known id has a series; the workload's own bottleneck turns on
     ids = prom.wait("gputop_verdict_active", lambda r: len(r) >= len(VERDICT_IDS), 20, "verdict gauges")
     assert {s["metric"]["verdict"] for s in ids} >= set(VERDICT_IDS)
-    active = prom.wait('gputop_verdict_active{verdict="input_bound"} == 1', lambda r: len(r) == 1, 45,
+    # (on a 2-core box running the rest of the suite beside it, the workload's main thread also
+    # waits for a core, and its data-wait share took longer than 45 s to hold: 2 runs of 5 here)
+    active = prom.wait('gputop_verdict_active{verdict="input_bound"} == 1', lambda r: len(r) == 1, 90,
                        "the input_bound verdict")
     assert active[0]["metric"]["pid"] == pid
     share = prom.query('gputop_verdict_lost_share_ratio{verdict="input_bound"}')
