@@ -160,3 +160,21 @@ def test_partials_merge_like_one_and_refuse_bad_json():
     bad["fields"][0][3][4] = [1, 10 ** 30]          # a count no recorder writes
     with pytest.raises(ValueError):
         StatsPartial.from_json(bad)
+
+
+def test_a_calm_host_ticks_weight_survives_a_summary_frame_and_a_bad_one_is_refused():
+    """The target tree's calm tick weights (their own list, ``tick_weights``) go through a summary
+    frame's JSON and merge; a frame of the code before them (no list) still reads, each tick 1;
+    a weight no recorder writes refuses the frame (the report then reads the samples instead)."""
+    p = StatsPartial()
+    p.add("proc", "7", [1.0, 3.0], {"cpu_pct": [10.0, 20.0], "rss": [1.0, 2.0], "calm_factor": [None, 2]})
+    got = StatsPartial.from_json(p.to_json())
+    assert got.tick_weights == {3.0: 2} and got.tree_ticks == p.tree_ticks
+    old = p.to_json()
+    del old["tick_weights"]
+    assert StatsPartial.from_json(old).tick_weights == {}
+    for bad in ([[3.0, 0]], [[3.0, 10 ** 6]], [[3.0, 2.5]], [[3.0]], "x"):
+        frame = p.to_json()
+        frame["tick_weights"] = bad
+        with pytest.raises(ValueError):
+            StatsPartial.from_json(frame)

@@ -254,7 +254,7 @@ class StatsPartial:
         weights = sample_weights(cols, len(ts)) if kind in _WEIGHED else None
         if kind in (KIND_GPU, KIND_SYSTEM):
             dst = self.values[(kind, key)]
-            held = held_weights(weights, cols.get("gpm_window_s")) if weights is not None else None
+            held = held_weights(weights, cols.get("gpm_window_s")) if weights is not None and kind == KIND_GPU else None
             for name, col in cols.items():
                 if name != WEIGHT_FIELD:
                     self._field(dst, name).add_column(col, field_weights(name, weights, held))
