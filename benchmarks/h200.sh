@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real
+# Phases: env nvml host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -281,6 +281,16 @@ phase_ddpN() {
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     timeout 500 $PY benchmarks/ddp_nccl.py "$d" --nproc ${NPROC:-$(nvidia-smi -L | wc -l)} > "$d/log.txt" 2>&1
   echo "rc=$?" >> "$d/log.txt"; tail -30 "$d/log.txt" | tee -a "$SUMMARY"
+}
+
+phase_corpus() {
+  # issue 29: every corpus job as it is and fixed under `gputop run --headless`, recorded; the
+  # gain of each fix from the job's own rate lines (benchmarks/corpus_run.py). CORPUS_JOBS picks
+  # jobs (comma-separated), CORPUS_SECS the training seconds of each variant. Scored offline:
+  # python benchmarks/corpus_score.py DIR
+  local d=$RES/corpus; mkdir -p "$d"
+  $PY benchmarks/corpus_run.py "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" 2>&1 | tee -a "$d/run.txt"
+  tail -3 "$d/run.txt" >> "$SUMMARY"
 }
 
 real_line() {

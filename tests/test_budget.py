@@ -39,7 +39,18 @@ def _replay(name: str):
     return replay_whole(str(REAL / name), default_processors(), kinds={"budget", "phase", "verdict_primary"})
 
 
-@pytest.mark.parametrize("name", RECORDINGS)
+# The demo's recording ends 2 s after its warm-up (derive/phases.py): too soon for any verdict
+# to have held, which the report says (the others train long enough to be judged)
+TOO_SHORT = ("demo.gtrec",)
+
+
+def test_a_recording_that_ends_in_its_warm_up_says_so():
+    rep = _report("demo.gtrec")
+    assert rep["primary_verdict"] is None
+    assert "warm" in json.dumps(rep["phases"]) and "collecting evidence" in rep["no_verdict_why"]
+
+
+@pytest.mark.parametrize("name", [n for n in RECORDINGS if n not in TOO_SHORT])
 def test_real_training_code_gets_its_verdict(name):
     """The expected primary verdict, primary for most of the judged (training) time."""
     rep = _report(name)
@@ -169,7 +180,8 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
     assert b["shares"]["gpu_busy"] is None                    # no GPU counters: not guessed
     assert abs(sum(v for k, v in b["shares"].items() if k in LOST) - 1.0) <= 0.02
     assert b["shares"]["io"] > 0.01 and b["frames"]["io"][0][0].startswith("save_checkpoint (real_loops.py:")
-    assert rep["phases"][0]["phase"] in ("training", "checkpointing")   # attached while it trains
+    # attached while it trains: its warm-up (the step time settling), then training
+    assert [p["phase"] for p in rep["phases"][:2]] in (["warmup", "training"], ["warmup", "checkpointing"]), rep["phases"]
     assert rep["startup"] is None
 
 

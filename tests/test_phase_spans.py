@@ -31,6 +31,13 @@ def moments():
     return ms
 
 
+@pytest.fixture(autouse=True)
+def _no_warmup(monkeypatch):
+    """These tests are about how windows are cut into spans: the warm-up that follows the
+    start-up (tests/test_warmup.py) would hold the phase for its first seconds."""
+    monkeypatch.setattr(ph, "WARMUP_MAX_S", 0.0)
+
+
 def _seconds_by_phase(proc: BudgetProcessor) -> dict[str, float]:
     return {p: round(b.total_s, 6) for p, b in proc.session.items()}
 
@@ -78,7 +85,7 @@ def test_a_window_of_about_40_moments_is_one_span(moments):
     """The UI's first 2 s windows and the agent's 20 s ones (~40 moments) are judged whole."""
     proc = BudgetProcessor()
     calls = []
-    proc._judge_span = lambda ms, t0, t1, steps: calls.append(len(ms)) or False
+    proc._judge_span = lambda ms, t0, t1, steps, readings: calls.append(len(ms)) or False
     proc._judge_moments(moments[:79], moments[78].t, [])
     proc._judge_moments(moments[100:180], moments[179].t, [])
     assert calls == [79, 40, 40]

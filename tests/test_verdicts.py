@@ -32,9 +32,11 @@ SCENARIO_RECORDINGS = sorted(p for p in H200.glob("*.gtrec") if p.stem not in ("
 @pytest.mark.parametrize("path", SCENARIO_RECORDINGS, ids=lambda p: p.stem)
 def test_primary_verdict_is_the_scenarios_bottleneck(path):
     r = score(str(path), path.stem)
+    # attached to a job already training: its warm-up (derive/phases.py) ends after four ~1 s
+    # readings of a settled step time, then the verdict holds ENTER_S before it turns on
     assert r["first_ok_s"] is not None and r["first_ok_s"] <= 10.0, r
     assert r["held"] >= 0.8, r
-    assert r["first_verdict_s"] <= 5.0, r
+    assert r["first_verdict_s"] <= 10.0, r
 
 
 def test_no_false_alarm_on_a_healthy_gpu_bound_job():
@@ -64,7 +66,8 @@ def test_report_carries_verdicts_and_primary(tmp_path):
     assert v["severity"] == "warning" and v["active_share"] >= 0.8
     assert v["evidence"]["data_wait_share_pct"] > 50
     assert "num_workers" in v["advice"]
-    assert rep["first_verdict_s"] <= 5.0
+    assert rep["first_verdict_s"] <= 10.0   # attached while it trains: after its warm-up
+    assert rep["primary_verdict"]["gain_pct"] > 100    # 96% of the step waits for data: fixed, several times faster
     text = subprocess.run([sys.executable, "-m", "gputop", "report", str(H200 / "input_bound.gtrec")],
                           capture_output=True, text=True, timeout=120).stdout
     assert "PRIMARY  input_bound" in text

@@ -190,21 +190,21 @@ class BudgetProcessor:
             span = ms[cuts[k]:cuts[k + 1]] if n_spans > 1 else ms
             # the probe's windows near the span (its ends: 0.5 s of slack, as for a whole window)
             lo, hi = (a - 0.5 if k == 0 else a), (t_end + 0.5 if last else b)
-            steps = sum(p.get("step_n") for p in probe
-                        if (lo <= p.t <= hi if k == 0 else lo < p.t <= hi) and type(p.get("step_n")) is int)
-            changed = self._judge_span(span, a, b, steps) or changed
+            near = [p for p in probe if (lo <= p.t <= hi if k == 0 else lo < p.t <= hi)]
+            steps = sum(p.get("step_n") for p in near if type(p.get("step_n")) is int)
+            changed = self._judge_span(span, a, b, steps, _step_readings(near, span)) or changed
         return changed
 
-    def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int) -> bool:
+    def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list) -> bool:
         hints = Counter(m.naming.hint for m in ms if m.naming.hint)
         before = self.tracker.phase
         # training starts at its first backward/optimizer moment, not at the span's start
         first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
         changed = bool(self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, t1, hints, len(ms),
-                                           ms[0].dt if ms else 0.0, steps))
+                                           ms[0].dt if ms else 0.0, steps, readings=readings))
         phase = self.tracker.phase or ph.STARTUP
         for m in ms:
-            p = before if (before == ph.STARTUP and phase in ph.JUDGED and m.t < first_train) else phase
+            p = before if (before == ph.STARTUP and phase in ph.JUDGED + (ph.WARMUP,) and m.t < first_train) else phase
             if p == ph.ENDED:
                 p = self.last_judged or ph.TRAINING   # time after the exit belongs to what it was doing
             self.session.setdefault(p, Budget()).add(m)
@@ -240,7 +240,8 @@ class BudgetProcessor:
             span = float(w.get("window_s") or 1.0)
             self.probe_phases = True
             # a probe window without steps before the first one is start-up
-            if self.tracker.window(w.t - span, w.t, Counter(), 0, 0.0, steps, startup_if_quiet=True):
+            if self.tracker.window(w.t - span, w.t, Counter(), 0, 0.0, steps, startup_if_quiet=True,
+                                   readings=_step_readings([w], [])):
                 changed = True
             self.probe_t = w.t
         return changed
@@ -291,6 +292,21 @@ class BudgetProcessor:
                 # [t, phase] lists, as a recording gives them back: a tuple would make the
                 # recorder decode its chunk again to summarize it (encode_chunk_series)
                 "changes": [[t, p] for t, p in _bounded(self.tracker.changes)]}
+
+
+def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
+    """What says how the steps go in a span, for the warm-up (derive/phases.py): the median step
+    of each probe window with steps, else the span's GPU busy share in each second of it."""
+    out = [(p.t, "step", p.get("step_ms_p50")) for p in probe_windows
+           if type(p.get("step_ms_p50")) in (int, float) and p.get("step_ms_p50") > 0]
+    if out:
+        return out
+    # one reading a second: a span is ~2 s, and a warm-up needs a few readings to settle
+    buckets: dict[int, list[float]] = {}
+    for m in ms:
+        if m.busy is not None:
+            buckets.setdefault(int(m.t), []).append(m.busy)
+    return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 5]
 
 
 def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:

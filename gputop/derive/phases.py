@@ -18,6 +18,18 @@ window of the main thread is given a phase from what its moments' frames say
 - the target's exit ends it.
 
 A job already training when gputop attaches has no start-up.
+
+**Warm-up.** The first stretch of each judged stretch (after start-up, after an evaluation, or
+from the first window when gputop attached to a running job) is *warm-up*: cuBLAS/cuDNN set-up,
+autotuning, the allocator growing and lazy module init make the first steps slower than the
+rest, and neither start-up frames nor the steady loop describe them. Warm-up is shown and not
+judged. It lasts until the step time has settled: the median of the last ``SETTLE_READINGS``
+readings of the step time (the probe's median step of each of its ~1 s windows) is within
+``SETTLE_RATIO`` of the median of the ``SETTLE_READINGS`` before -- without a probe, the upper quartile of the GPU's
+busy share of each second, within ``SETTLE_BUSY`` (a second's share also drops in every stall) -- with no start-up frames (compiling, lazy CUDA init,
+building) among them; and at most ``WARMUP_MAX_S``. After an evaluation, two readings back at the
+step time training had settled at end it. A job attached to once it has settled leaves warm-up
+after those few readings.
 """
 
 from __future__ import annotations
@@ -27,24 +39,36 @@ from dataclasses import dataclass, field
 
 from gputop.derive import frame_rules as fr
 
-STARTUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED = (
-    "startup", "training", "evaluation", "checkpointing", "running", "ended")
-PHASES = (STARTUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED)
+STARTUP, WARMUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED = (
+    "startup", "warmup", "training", "evaluation", "checkpointing", "running", "ended")
+PHASES = (STARTUP, WARMUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED)
 # the phases verdicts judge: a checkpoint stall is a training cost, and a loop whose frames name
 # no training step (a custom loop, a job computing on the CPU) is judged as it is
 JUDGED = (TRAINING, CHECKPOINTING, RUNNING)
-LABELS = {STARTUP: "start-up", TRAINING: "training", EVALUATION: "evaluation", CHECKPOINTING: "checkpointing",
+LABELS = {STARTUP: "start-up", WARMUP: "warm-up", TRAINING: "training", EVALUATION: "evaluation", CHECKPOINTING: "checkpointing",
           RUNNING: "running (no training step recognised)", ENDED: "ended"}
 EVAL_SHARE = 0.3          # of a window's moments in evaluation frames (without training ones)
 CHECKPOINT_SHARE = 0.25   # of a window's moments in checkpoint frames
 STARTUP_SHARE = 0.2       # of a window's moments in start-up frames (imports, model build...) to be start-up
 QUIET_WINDOWS = 2         # start-up ends after this many windows with neither start-up nor training frames
+WARMUP_MAX_S = 30.0       # warm-up never lasts longer than this
+SETTLE_READINGS = 2       # step-time readings (probe windows, else spans) whose median ...
+SETTLE_RATIO = 0.10       # ... is within 10% of the median of the ones before
+SETTLE_BUSY = 0.10        # ... without a probe: the upper quartile of the GPU busy share of the
+SETTLE_BUSY_READINGS = 3  # ... last 3 seconds within 10 points of that of the 3 before
+READING_S = 1.0           # a reading covers about the second before its time (a probe window, a bucket)
 
 
 @dataclass
 class PhaseTracker:
-    phase: str | None = None       # None until the first window
+    phase: str | None = None       # what the job is doing now, as shown and judged (warm-up included)
     since: float | None = None
+    raw: str | None = None         # the phase by frames and steps alone (warm-up is part of a judged one)
+    raw_since: float | None = None
+    warm_since: float | None = None  # the current warm-up began then (None: not warming up)
+    settle: list = field(default_factory=list)   # [(t, "step" | "busy", value)] of this warm-up
+    warm_spans: int = 0            # spans of this warm-up without start-up frames
+    settled_ref: dict = field(default_factory=dict)   # kind -> the step time (or busy share) last settled at
     startup_t0: float | None = None
     startup_parts: Counter = field(default_factory=Counter)   # start-up part -> seconds
     startup_s: float | None = None
@@ -53,10 +77,12 @@ class PhaseTracker:
     changes: list = field(default_factory=list)                # [(t, phase)]
 
     def window(self, t0: float, t1: float, hints: Counter, n: int, dt: float, probe_steps: int,
-               startup_if_quiet: bool = False) -> str | None:
+               startup_if_quiet: bool = False, readings: list | None = None) -> str | None:
         """Update with one py-spy window [t0, t1] of ``n`` moments; returns the new phase when
-        it changed, else None."""
-        if self.phase == ENDED:
+        it changed, else None. ``readings``: [(t, "step" | "busy", value)] of the step time in
+        the window (the probe's median step of each of its windows, else the span's GPU busy
+        share), which say when a warm-up has settled."""
+        if self.raw == ENDED:
             return None   # windows settled after the exit do not bring the job back
         train = hints.get(fr.TRAIN, 0) > 0 or probe_steps > 0
         starting = (n > 0 and sum(hints.get(p, 0) for p in fr.STARTUP_PARTS) / n >= STARTUP_SHARE) or startup_if_quiet
@@ -65,24 +91,24 @@ class PhaseTracker:
         elif n and hints.get(fr.EVAL, 0) / n >= EVAL_SHARE:
             new = EVALUATION
             self.quiet = 0
-        elif n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE and self.phase in JUDGED:
+        elif n and hints.get(fr.CHECKPOINT, 0) / n >= CHECKPOINT_SHARE and self.raw in JUDGED:
             new = CHECKPOINTING
-        elif self.phase is None:
+        elif self.raw is None:
             new = STARTUP if starting else RUNNING   # attached to a job past its start-up
-        elif self.phase == STARTUP:
+        elif self.raw == STARTUP:
             self.quiet = 0 if starting else self.quiet + 1
             new = RUNNING if self.quiet >= QUIET_WINDOWS else STARTUP
-        elif self.phase == EVALUATION:
+        elif self.raw == EVALUATION:
             # an evaluation that ends without training frames after it (a loop the frame tables
             # do not know) must not keep the job unjudged forever
             self.quiet += 1
             new = RUNNING if self.quiet >= QUIET_WINDOWS else EVALUATION
-        elif self.phase == CHECKPOINTING:
+        elif self.raw == CHECKPOINTING:
             new = TRAINING
         else:
-            new = self.phase
-        if new == STARTUP or self.phase in (None, STARTUP):
-            if self.phase is None and new == STARTUP:
+            new = self.raw
+        if new == STARTUP or self.raw in (None, STARTUP):
+            if self.raw is None and new == STARTUP:
                 self.startup_t0 = 0.0   # the session's start: what came before is start-up too
             if new == STARTUP:
                 for part in fr.STARTUP_PARTS:
@@ -90,18 +116,81 @@ class PhaseTracker:
                         self.startup_parts[part] += hints[part] * dt
                 other = n - sum(hints.get(p, 0) for p in fr.STARTUP_PARTS)
                 self.startup_parts["other"] += max(0, other) * dt
-        return self._set(new, t0)
+        entering = new in JUDGED and self.raw not in JUDGED
+        self._set_raw(new, t0)
+        if entering:
+            self.warm_since, self.settle, self.warm_spans = t0, [], 0
+        if self.warm_since is not None and new in JUDGED:
+            if n and any(hints.get(p, 0) for p in (fr.COMPILE, fr.CUDA_INIT, fr.BUILD)):
+                self.settle, self.warm_spans = [], 0   # still compiling or initialising: what came before says nothing
+            else:
+                self.warm_spans += 1
+            self.settle.extend(readings or ())
+            settled = self._settled(t1)
+            if settled is not None:
+                self.warm_since = None
+                return self._show(new, settled)
+            return self._show(WARMUP, self.warm_since)
+        if new not in JUDGED:
+            self.warm_since = None
+        return self._show(new, t0)
+
+    def _settled(self, t: float) -> float | None:
+        """When the settled stretch began, once the warm-up is over (the step time has settled:
+        from the first of the readings that say so; or it has lasted WARMUP_MAX_S: now); None
+        while it goes on."""
+        if t - self.warm_since >= WARMUP_MAX_S:
+            return t
+        for kind, tol in (("step", SETTLE_RATIO), ("busy", SETTLE_BUSY)):
+            seen = {}
+            for rt, k, v in self.settle:
+                if k == kind and v is not None and (kind == "busy" or v > 0):
+                    seen[rt] = v   # (a probe window near two spans is one reading)
+            times = sorted(seen)
+            vals = [seen[k] for k in times]
+            if not vals:
+                continue
+            relative = kind == "step"
+            ref = self.settled_ref.get(kind)
+            if ref is not None and len(vals) >= 2:
+                # after an evaluation: back at the step time training had settled at
+                now = _median(vals[-2:])
+                ok = abs(now - ref) <= (tol * ref if relative else tol)
+                return max(self.warm_since, times[-2] - READING_S) if ok else None
+            n = SETTLE_READINGS if relative else SETTLE_BUSY_READINGS
+            if len(vals) < 2 * n:
+                return None
+            # settled: the median of the last readings is that of the ones before (a jittery but
+            # level loop settles; one still speeding up or slowing down does not). A second's GPU
+            # busy share also drops in every stall (a checkpoint, a blocking call): its busier
+            # seconds (the upper quartile) say how fast the steps go
+            level = _median if relative else _upper_quartile
+            last, before = level(vals[-n:]), level(vals[-2 * n:-n])
+            if abs(last - before) <= (tol * before if relative else tol):
+                self.settled_ref[kind] = last
+                return max(self.warm_since, times[-n] - READING_S)
+            return None
+        # without a probe's steps or GPU readings nothing says how the steps go: spans of the
+        # loop without start-up frames, counted
+        return t if self.warm_spans >= SETTLE_READINGS else None
 
     def ended(self, t: float) -> str | None:
-        return self._set(ENDED, t)
+        self.warm_since = None
+        self._set_raw(ENDED, t)
+        return self._show(ENDED, t)
 
-    def _set(self, new: str, t: float) -> str | None:
+    def _set_raw(self, new: str, t: float) -> None:
+        if new == self.raw:
+            return
+        if self.raw == STARTUP and self.startup_t0 is not None:
+            self.startup_s = max(0.0, t - self.startup_t0)
+        self.raw, self.raw_since = new, t
+
+    def _show(self, new: str, t: float) -> str | None:
         if new == self.phase:
             return None
-        if self.phase == STARTUP and self.startup_t0 is not None:
-            self.startup_s = max(0.0, t - self.startup_t0)
         if (new in JUDGED and self.phase not in JUDGED) or (new == TRAINING and self.phase == RUNNING):
-            self.training_since = t
+            self.training_since = t   # the judged stretch starts once warm-up is over
         self.phase, self.since = new, t
         self.changes.append((round(t, 2), new))
         return new
@@ -127,3 +216,14 @@ class PhaseTracker:
             return None
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in st["parts"].items() if v >= 0.1)
         return f"start-up {st['seconds']:.1f} s" + (f": {parts}" if parts else "")
+
+
+def _median(vals: list) -> float:
+    vals = sorted(vals)
+    n = len(vals)
+    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+
+
+def _upper_quartile(vals: list) -> float:
+    vals = sorted(vals)
+    return vals[min(len(vals) - 1, (3 * len(vals)) // 4)]

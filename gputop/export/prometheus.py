@@ -434,6 +434,9 @@ def _verdicts(fams: _Families, store, now: float, host: str, target_pid: str, me
         d = s.data
         fams.add("verdict_lost_share_ratio", "Estimated share of step time this active verdict's cause costs, 0-1. "
                  "(gputop verdict.lost_share)", lab, d.get("lost_share"))
+        fams.add("verdict_fix_gain_ratio", "The speed-up removing this active verdict's cause would bring, as a "
+                 "fraction of steps/s (0.25: up to +25%); absent for a verdict about the GPU's state. "
+                 "(gputop verdict.gain)", lab, d.get("gain"))
         fams.add("verdict_confidence_ratio", "Confidence of this active verdict, 0-1 (lower when it had to work "
                  "without some sources). (gputop verdict.confidence)", lab, d.get("confidence"))
         fams.add("verdict_level", "The active verdict's main measure divided by its threshold (>= 1 holds). "

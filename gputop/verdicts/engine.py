@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gputop.catalogue import KIND_PHASE
+from gputop.catalogue import KIND_HEALTH, KIND_PHASE
 from gputop.derive.budget import budget_text
-from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP
+from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
 from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
+from gputop.verdicts.causal import BUSY_GATE, NOT_GATED, URGENT, causal_loss, fix_gain, gpu_busy
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
@@ -37,6 +38,10 @@ MIN_PRIMARY_LOSS = 0.10  # a cause must cost >= 10% of step time to outrank a he
 PHASE_STALE_S = 25.0  # a phase sample older than this (they come every 10 s) no longer holds
 MIN_WINDOW_S = 3.0   # a training stretch younger than this is judged over its first seconds
 NO_GPU_AFTER_EVALUATIONS = 10  # only after 10 s without GPU counters or steps say there are none
+PHASE_WAIT_EVALUATIONS = 15  # seconds to wait for a first phase from a running stacks or probe source
+PRIMARY_FREE_S = 15.0   # for this long after a judged stretch begins the primary is the ranking's top
+PRIMARY_SWITCH_S = 30.0  # another verdict must lead this long before it replaces an active primary ...
+PRIMARY_SWITCH_GAIN = 0.05  # ... and by this much lost share (so the live primary does not flicker)
 # verdicts that describe the GPU's state rather than a cause of lost time
 NOT_A_CAUSE = tuple(s.id for s in specs() if not s.names_cause)
 # specificity: ties for the primary verdict go to the lower value (straggler_rank first: it
@@ -56,16 +61,24 @@ class VerdictEngine:
         self.states: dict[str, VerdictState] = {}
         self.last_signals = None
         self.evaluations = 0
+        self.notes: list[dict] = []         # {"id", "text"}: causes seen this evaluation that cost no GPU time
+        self.primary_id: str | None = None  # the live primary (kept until a challenger has led PRIMARY_SWITCH_S)
+        self.challenger: tuple[str, float] | None = None   # (id, leading since)
+        self.stretch: float | None = None   # the judged stretch's start: a new one may change the primary at once
+        self.stretch_seen = float("-inf")   # when this engine first judged that stretch
 
     def reset(self) -> None:
         self.states.clear()
         self.evaluations = 0
+        self.notes = []
+        self.primary_id, self.challenger, self.stretch = None, None, None
 
     def evaluate(self, store, now: float, window_s: float | None = None) -> dict[str, Finding]:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
         main thread and probe); a verdict then takes the rank where it holds most strongly and
         names it, and ``straggler_rank`` compares the ranks with each other."""
         ranks = running_ranks(store, now)
+        self.notes = []
         if len(ranks) < 2:
             # one rank under a launcher (torchrun --nproc-per-node 1) is judged as itself,
             # not through the launcher's idle main thread
@@ -84,7 +97,7 @@ class VerdictEngine:
                                          summary=f"rank {r['rank']}: {f.summary}")
         straggler = straggler_rank([(r, sig) for r, sig, _ in per_rank], {r["pid"]: fs for r, _, fs in per_rank})
         if straggler is not None:
-            found[straggler.id] = straggler
+            found[straggler.id] = straggler = replace(straggler, gain=fix_gain(straggler.lost_share))
             if straggler.level >= 1.0 and "communication_bound" in found:
                 # the collectives are slow because one rank is late, not because of the network
                 found["communication_bound"] = replace(found["communication_bound"], level=0.0)
@@ -108,12 +121,31 @@ class VerdictEngine:
         copy = found.get("h2d_copy_bound")
         if copy is not None and host is not None and copy.level >= 1.0:
             found["host_bound"] = replace(found["host_bound"], level=0.0)  # the CPU work is the copy
+        self._causal(found, sig)
         idle = found.get("gpu_idle")
         if idle is not None and idle.level >= 1.0 and any(
                 f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):
             # gpu_idle is the fallback "nothing explains it"; here something does
             found["gpu_idle"] = replace(idle, level=0.0)
         return found
+
+    def _causal(self, found: dict[str, Finding], sig) -> None:
+        """Every cause-naming finding's lost share is the GPU time it cost (verdicts/causal.py),
+        with the gain its fix would bring; on a GPU busy BUSY_GATE of the time or more, a cause
+        that holds becomes a note instead of a verdict."""
+        busy = gpu_busy(sig)
+        for vid, f in list(found.items()):
+            if vid in NOT_A_CAUSE or vid in URGENT:
+                continue
+            loss = causal_loss(vid, f.lost_share, sig)
+            gain = fix_gain(loss)
+            if busy is not None and busy >= BUSY_GATE and vid not in NOT_GATED and f.level >= 1.0:
+                self.notes.append({"id": vid, "text": f"{f.summary}; the GPU stays busy {busy * 100:.0f}% of the "
+                                                      "time: not on the critical path"})
+                found[vid] = replace(f, level=0.0, lost_share=loss, gain=gain)
+                continue
+            found[vid] = replace(f, lost_share=loss, gain=gain,
+                                 evidence={**f.evidence, "fix_gain_pct": round(gain * 100.0, 1)})
 
     def process(self, store, now: float) -> list[Sample]:
         phase = store.latest(KIND_PHASE, "main")
@@ -126,6 +158,13 @@ class VerdictEngine:
             self.evaluations += 1
             return [Sample(now, KIND_VERDICT_PRIMARY, "primary", {
                 "id": None, "others": [], "phase": ph, "why": self._why_phase(phase)})]
+        if ph is None and self.evaluations < PHASE_WAIT_EVALUATIONS and self._phase_coming(store):
+            # the stacks or the probe will say what the job is doing (its first window settles a
+            # few seconds after attach): judging before then would name a verdict that the
+            # warm-up then takes back
+            self.evaluations += 1
+            return [Sample(now, KIND_VERDICT_PRIMARY, "primary", {
+                "id": None, "others": [], "phase": None, "why": "collecting evidence"})]
         window = self.window_s
         if ph is not None and isinstance(phase.get("training_since"), (int, float)):
             window = max(MIN_WINDOW_S, min(window, now - phase.get("training_since")))
@@ -166,15 +205,50 @@ class VerdictEngine:
             if st.active or was:
                 out.append(Sample(now, KIND_VERDICT, vid, self._data(st, now)))
         ranked = self.ranked()
-        primary = ranked[0] if ranked else None
-        pdata = {"id": None, "others": [v for v, _ in ranked[1:]], "why": self._why_none(), "phase": ph}
+        primary = self._steady_primary(ranked, now, phase.get("training_since") if phase is not None else None)
+        pdata = {"id": None, "others": [v for v, _ in ranked if primary is None or v != primary[0]],
+                 "why": self._why_none(), "phase": ph}
         if primary is not None:
             vid, st = primary
             pdata.update({"id": vid, "title": st.last.title, "summary": st.last.summary,
                           "severity": st.last.severity, "lost_share": round(st.last.lost_share, 3),
+                          "gain": None if st.last.gain is None else round(st.last.gain, 3),
                           "confidence": st.last.confidence, "since": st.since})
+        if self.notes:
+            pdata["notes"] = self.notes[:4]
         out.append(Sample(now, KIND_VERDICT_PRIMARY, "primary", pdata))
         return out
+
+    def _steady_primary(self, ranked, now: float, stretch) -> tuple[str, VerdictState] | None:
+        """The primary: the top of ``ranked``, except that an active primary stays until another
+        verdict has led for PRIMARY_SWITCH_S by PRIMARY_SWITCH_GAIN of lost share -- unless a new
+        judged stretch began (the job itself changed)."""
+        if not ranked:
+            self.primary_id, self.challenger = None, None
+            return None
+        if stretch != self.stretch:
+            self.stretch, self.primary_id, self.challenger = stretch, None, None
+            self.stretch_seen = now
+        top = ranked[0]
+        current = next((item for item in ranked if item[0] == self.primary_id), None)
+        if (current is None or top[0] == current[0] or top[0] in URGENT
+                or now - self.stretch_seen < PRIMARY_FREE_S):
+            # (the first seconds of a judged stretch follow the ranking: the first verdicts to hold
+            # are not yet the best-supported ones)
+            self.primary_id, self.challenger = top[0], None
+            return top
+        if current[1].last.lost_share < MIN_PRIMARY_LOSS <= top[1].last.lost_share:
+            self.primary_id, self.challenger = top[0], None   # a cause that costs replaces "nothing costs"
+            return top
+        if top[1].last.lost_share < current[1].last.lost_share + PRIMARY_SWITCH_GAIN:
+            self.challenger = None
+            return current
+        if self.challenger is None or self.challenger[0] != top[0]:
+            self.challenger = (top[0], now)
+        if now - self.challenger[1] >= PRIMARY_SWITCH_S - 1e-9:
+            self.primary_id, self.challenger = top[0], None
+            return top
+        return current
 
     def _why_none(self) -> str:
         """Why there is no primary verdict, in words for the UI and the report."""
@@ -195,6 +269,13 @@ class VerdictEngine:
         return "no bottleneck rule holds now"
 
     @staticmethod
+    def _phase_coming(store) -> bool:
+        """A source that gives the job's phases (py-spy, else the probe) is running."""
+        health = store.latest_of_kind(KIND_HEALTH)
+        return any(h is not None and h.get("state") in ("ok", "degraded")
+                   for h in (health.get("stacks"), health.get("probe")))
+
+    @staticmethod
     def _why_phase(phase) -> str:
         ph = phase.get("phase")
         if ph == STARTUP:
@@ -202,6 +283,9 @@ class VerdictEngine:
             return f"{text} so far (before the first training step): verdicts judge training"
         if ph == EVALUATION:
             return "evaluating (forward passes without optimizer steps): verdicts judge training"
+        if ph == WARMUP:
+            return ("warming up: the step time has not settled yet (autotuning, allocator growth, lazy init): "
+                    "verdicts judge settled training")
         if ph == ENDED:
             return "the job has ended"
         return str(phase.get("label") or ph)
@@ -214,7 +298,10 @@ class VerdictEngine:
         def key(item):
             v, st = item
             loss = st.last.lost_share if st.last.lost_share >= MIN_PRIMARY_LOSS else 0.0
-            return (-loss, ORDER.get(v, UNKNOWN_ORDER))
+            # a cause that costs less than MIN_PRIMARY_LOSS ranks after what describes the GPU's
+            # state (a busy GPU with a small wait beside it is GPU-bound, not waiting)
+            small_cause = loss == 0.0 and v not in NOT_A_CAUSE
+            return (-loss, small_cause, ORDER.get(v, UNKNOWN_ORDER))
 
         return sorted(active, key=key)
 
@@ -222,6 +309,7 @@ class VerdictEngine:
     def _data(st: VerdictState, now: float) -> dict:
         f = st.last
         return {"active": st.active, "title": f.title, "severity": f.severity, "confidence": f.confidence,
-                "level": round(f.level, 3), "lost_share": round(f.lost_share, 3), "evidence": f.evidence,
+                "level": round(f.level, 3), "lost_share": round(f.lost_share, 3),
+                "gain": None if f.gain is None else round(f.gain, 3), "evidence": f.evidence,
                 "advice": f.advice, "summary": f.summary, "since": st.since, "first_seen": st.first_seen,
                 "missing": list(f.missing)}

@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 from gputop.derive.phases import JUDGED
 from gputop.model import Sample
+from gputop.verdicts.causal import gain_text
 from gputop.verdicts.engine import (ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY,
                                     NO_GPU_AFTER_EVALUATIONS)
 
@@ -31,6 +32,8 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     first_verdict_t = None
     evaluations = 0
     why_none = None
+    notes_n: Counter = Counter()
+    notes_last: dict[str, str] = {}
     for s in samples:
         if s.kind == KIND_VERDICT and s.get("active"):
             active_n[s.key] += 1
@@ -45,6 +48,10 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
                     why_other = s.get("why")
                 continue
             evaluations += 1
+            for note in s.get("notes") or ():
+                if isinstance(note, dict) and isinstance(note.get("id"), str) and isinstance(note.get("text"), str):
+                    notes_n[note["id"]] += 1
+                    notes_last[note["id"]] = note["text"]
             pid = s.get("id")
             if not pid and isinstance(s.get("why"), str):
                 why_none = s.get("why")
@@ -75,11 +82,17 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     primary = None
     if primary_n:
         vid, n = primary_n.most_common(1)[0]
+        gain = (verdicts.get(vid, {}).get("evidence") or {}).get("fix_gain_pct")
         primary = {"id": vid, "title": verdicts.get(vid, {}).get("title"),
                    "share": round(n / evaluations, 3),
+                   # the mean over the time the verdict held (verdicts/causal.py: fix_gain)
+                   "gain_pct": gain if isinstance(gain, (int, float)) else None,
                    "first_seen_s": round(primary_first[vid] - t_start, 1),
                    "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
-    return {"verdicts": verdicts, "primary_verdict": primary, "timeline": timeline,
+    # causes that held while the GPU stayed busy (verdicts/causal.py: BUSY_GATE): not verdicts
+    notes = [{"id": k, "noted_share": round(min(1.0, n / evaluations), 3) if evaluations else 0.0,
+              "text": notes_last[k]} for k, n in notes_n.most_common(4)]
+    return {"verdicts": verdicts, "primary_verdict": primary, "timeline": timeline, "notes": notes,
             "first_verdict_s": round(first_verdict_t - t_start, 1) if first_verdict_t is not None else None,
             "no_verdict_why": why_none if primary is None else None}
 
@@ -106,8 +119,8 @@ def summary_rows(samples: list[Sample]) -> list[Sample]:
             if last_at.get(s.key) != i:
                 d = {k: d[k] for k in ("active", "evidence", "since") if k in d}
         elif s.kind == KIND_VERDICT_PRIMARY:
-            keep = ("id", "phase", "why") if (d.get("phase") not in JUDGED_OR_UNKNOWN or not d.get("id")) \
-                else ("id", "phase")
+            keep = ("id", "phase", "why", "notes") if (d.get("phase") not in JUDGED_OR_UNKNOWN or not d.get("id")) \
+                else ("id", "phase", "notes")
             d = {k: d[k] for k in keep if k in d}
         out.append(s if d is s.data else Sample(s.t, s.kind, s.key, d))
     return out
@@ -148,21 +161,26 @@ def _why_none_after_the_end(why: str | None) -> str:
 def render_verdicts_text(section: dict) -> list[str]:
     lines = ["Triage (verdicts, ranked by the share of the judged time — training — each explained)"]
     p = section.get("primary_verdict")
+    notes = [f"  note     {n['id']}: {n['text']} ({n['noted_share'] * 100:.0f}% of the judged time)"
+             for n in section.get("notes") or ()]
     if p is None:
         lines.append(f"  no verdict over the session: {_why_none_after_the_end(section.get('no_verdict_why'))}")
-        return lines
+        return lines + notes
     held = (section.get("verdicts", {}).get(p["id"]) or {}).get("first_seen_s")
     held_text = f" (its rule held from {held:.0f} s)" if isinstance(held, (int, float)) else ""
     lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the judged time, "
                  f"from {p['first_seen_s']:.0f} s{held_text}")
     if p.get("summary"):
         lines.append(f"           evidence: {p['summary']}")
+    if isinstance(p.get("gain_pct"), (int, float)):
+        lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (the mean while it held)")
     if p.get("advice"):
         lines.append(f"           try: {p['advice']}")
     others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
     for vid, v in sorted(others, key=lambda kv: -kv[1]["active_share"]):
         lines.append(f"  {v['severity'] or '?':<8} {vid}: {v['title']} — active {v['active_share'] * 100:.0f}% "
                      f"of the judged time; {v.get('summary') or ''}")
+    lines += notes
     if section.get("first_verdict_s") is not None:
         # first_verdict_s (the JSON's too) is when a primary verdict was first named; each
         # verdict's first_seen_s is earlier: when its rule first held, before the hysteresis

@@ -26,6 +26,7 @@ from rich.text import Text
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_help_section, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
+from gputop.verdicts.causal import gain_text
 from gputop.verdicts.engine import ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE as KIND_CHANGE
 from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
 from gputop.verdicts.engine import VerdictEngine
@@ -183,6 +184,9 @@ def verdict_facts(vid: str, data: dict, now: float) -> list[str]:
     lost = fmt.to_float(data.get("lost_share"))
     if lost is not None and lost > 0:
         out.append(f"costs ~{lost * 100:.0f}% of step time")
+    gain = fmt.to_float(data.get("gain"))
+    if gain is not None and gain > 0:
+        out.append(gain_text(gain))
     missing = names(data.get("missing"))
     if missing:
         out.append("missing: " + ", ".join(missing))

@@ -1,0 +1,112 @@
+"""The corpus of fixed-and-unfixed jobs (issue 29): every job, its known cause, its one-line fix.
+
+Written before any rule was tuned to it. ``holdout`` jobs (a third, chosen here across families
+and causes before tuning) are never looked at while tuning; benchmarks/corpus_score.py reports
+their score apart.
+
+``cause`` is the verdict id that must be primary on the job as it is; None for a healthy job,
+whose "fix" removes a trap (a busy side thread, pinning, logging, a rare checkpoint...) that costs
+nothing: there gputop must name no cause with a predicted gain above 10%, with or without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str          # benchmarks/corpus/<name>.py
+    family: str        # plain, torchvision, trainer, accelerate, lightning, timm, nanogpt, unet, rnn, recsys
+    cause: str | None  # the verdict id that must be primary as it is; None: healthy
+    about: str         # the job and its cause in a line
+    fix: str           # the one-line fix behind --fixed
+    holdout: bool = False
+
+
+JOBS: tuple[Job, ...] = (
+    # -- a known cause ------------------------------------------------------------------------
+    Job("tv_resnet_workers0", "torchvision", "input_bound",
+        "torchvision classification reference, ResNet-18, per-sample CPU transforms, num_workers=0",
+        "num_workers=10"),
+    Job("accelerate_tokenize_main", "accelerate", "input_bound",
+        "Accelerate loop on a GPT-2, texts tokenised in the main thread's collate_fn, num_workers=0",
+        "num_workers=3"),
+    Job("trainer_slow_dataset", "trainer", "input_bound",
+        "HF Trainer on a GPT-2, a dataset whose __getitem__ does Python work, dataloader_num_workers=0",
+        "dataloader_num_workers=6", holdout=True),
+    Job("lightning_workers0", "lightning", "input_bound",
+        "Lightning CNN on CPU-augmented images, num_workers=0", "num_workers=8"),
+    Job("timm_vit_few_workers", "timm", "input_bound",
+        "timm ViT-S with heavy per-sample CPU transforms and 2 DataLoader workers", "num_workers=12"),
+    Job("plain_pageable_h2d", "plain", "h2d_copy_bound",
+        "a small model fed large float32 batches from pageable host memory every step",
+        "pin the host batches once and copy with non_blocking=True", holdout=True),
+    Job("rnn_lstmcell_loop", "rnn", "launch_bound",
+        "an RNN language model stepping nn.LSTMCell in a Python loop over the time steps",
+        "nn.LSTM over the whole sequence (cuDNN)"),
+    Job("tv_resnet_batch1_infer", "torchvision", "launch_bound",
+        "torchvision ResNet-50 inference at batch size 1", "capture the forward pass in a CUDA graph"),
+    Job("small_mlp_launch", "plain", "launch_bound",
+        "a 24-layer narrow MLP trained at batch 64: many tiny kernels",
+        "torch.cuda.make_graphed_callables on the model", holdout=True),
+    Job("sync_item_in_loop", "nanogpt", "sync_stall",
+        "nanoGPT-style loop reading each layer's activation norm with .item() every step",
+        "keep the norms on the GPU and read them every 50 steps"),
+    Job("lightning_sync_metrics", "lightning", "sync_stall",
+        "Lightning module computing its metrics with .item() and .cpu().numpy() in every training_step",
+        "log the metric tensors (self.log) without reading them on the host"),
+    Job("gil_metrics_thread", "plain", "gil_contention",
+        "a transformer loop beside a telemetry thread doing pure-Python work without pause",
+        "the telemetry thread summarises every 5 s instead of spinning", holdout=True),
+    Job("host_cpu_augment", "plain", "host_bound",
+        "a CNN loop that augments each batch with CPU tensor ops in the main thread",
+        "augment on the GPU after the copy"),
+    Job("recsys_cpu_embedding", "recsys", "host_bound",
+        "a recommender whose large embedding tables stay on the CPU (lookups on the main thread)",
+        "move the embedding tables to the GPU"),
+    Job("ckpt_every_2s", "nanogpt", "io_stall",
+        "nanoGPT-style loop saving model and optimizer with torch.save every 2 s",
+        "save every 10 minutes", holdout=True),
+    Job("trainer_save_steps", "trainer", "io_stall",
+        "HF Trainer on a GPT-2 with save_steps=20", "save_steps=100000"),
+    Job("push_metrics_blocking", "plain", "loop_blocked",
+        "a GPU-bound loop that pushes metrics synchronously (a blocking call of ~0.3 s) every second",
+        "push from a background thread"),
+    Job("accelerate_log_sleep", "accelerate", "loop_blocked",
+        "Accelerate loop whose logger waits on a lock held by a slow background flusher every step",
+        "hand records to the flusher through a queue without waiting", holdout=True),
+    # -- healthy, with traps ------------------------------------------------------------------
+    Job("lightning_resnet_pin", "lightning", None,
+        "Lightning ResNet-50, bf16, 8 workers with pin_memory=True (the pin thread waits for the GIL)",
+        "pin_memory=False"),
+    Job("nanogpt_item_every10", "nanogpt", None,
+        "nanoGPT-style GPU-bound loop reading the loss with .item() every 10 steps", "no loss read"),
+    Job("logger_thread_light", "plain", None,
+        "a GPU-bound transformer with a logging thread waking every 20 ms", "no logging thread", holdout=True),
+    Job("overlapped_pinned_copy", "plain", None,
+        "large pinned batches copied non_blocking on a side stream while the GPU computes",
+        "the data set preloaded on the GPU"),
+    Job("trainer_gpt2_large_batch", "trainer", None,
+        "HF Trainer on a GPT-2 with a large batch and logging_steps=1", "logging_steps=500"),
+    Job("timm_vit_tqdm", "timm", None,
+        "timm ViT-B at batch 256 in bf16 with a tqdm progress bar updated every step", "no progress bar",
+        holdout=True),
+    Job("unet_diffusion_ema", "unet", None,
+        "a diffusion UNet (noise prediction) with an EMA of the weights updated every step",
+        "EMA every 10 steps"),
+    Job("memory_bound_elementwise", "plain", None,
+        "a LayerNorm/GELU-heavy model whose kernels are limited by DRAM bandwidth, timed with a "
+        "torch.cuda.synchronize() per step", "no synchronize"),
+    Job("small_ckpt_every_5s", "lightning", None,
+        "a GPU-bound Lightning model saving a 20 MB checkpoint every 5 s", "no checkpoint", holdout=True),
+    Job("eval_every_5s", "nanogpt", None,
+        "a GPU-bound loop that evaluates for ~1 s every 5 s of training", "no evaluation"),
+    Job("accelerate_gpu_bound", "accelerate", None,
+        "Accelerate on a GPT-2 with gradient accumulation and clip_grad_norm_ every step",
+        "no gradient clipping"),
+    Job("dataloader_keeps_up", "torchvision", None,
+        "ResNet-50 fed by 8 workers doing moderate CPU transforms that keep up", "16 workers", holdout=True),
+)
+
+BY_NAME = {j.name: j for j in JOBS}

@@ -1,0 +1,97 @@
+"""Run the corpus (benchmarks/corpus/manifest.py) as it is and fixed, each variant under
+``gputop run --headless`` with a recording, and measure each variant's steps/s from the job's own
+``rate`` lines (never from gputop). On the H200: ``bash benchmarks/h200.sh corpus``.
+
+    python benchmarks/corpus_run.py OUTDIR [--jobs a,b] [--seconds 14] [--variants as_is,fixed]
+
+Writes OUTDIR/<job>-<variant>.gtrec (the recording), .json (gputop's report), .log (the job's
+output and gputop's messages) and one line per variant in OUTDIR/results.jsonl. Scoring is
+offline: benchmarks/corpus_score.py replays the recordings with today's rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "corpus"))
+from manifest import JOBS  # noqa: E402
+
+SETTLE_SHARE = 0.4   # the first 40% of a job's rate lines are its warm-up: not part of its steady rate
+
+
+def steady_rate(text: str) -> tuple[float | None, int]:
+    """The median of the job's own ``rate`` lines after its warm-up, and how many it printed."""
+    rates = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "rate":
+            try:
+                rates.append(float(parts[1]))
+            except ValueError:
+                pass
+    steady = rates[int(len(rates) * SETTLE_SHARE):]
+    return (statistics.median(steady) if steady else None), len(rates)
+
+
+def run_variant(job, variant: str, out: pathlib.Path, seconds: float) -> dict:
+    stem = f"{job.name}-{variant}"
+    rec, log = out / f"{stem}.gtrec", out / f"{stem}.log"
+    for p in (rec, log):
+        p.unlink(missing_ok=True)
+    job_cmd = [sys.executable, str(HERE / "corpus" / f"{job.name}.py"), "--seconds", str(seconds)]
+    if variant == "fixed":
+        job_cmd.append("--fixed")
+    # the job ends by itself; --duration is only a ceiling, and --stop-with-gputop ends a job that hangs
+    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--stop-with-gputop", "--duration", str(seconds + 45),
+           "--record", str(rec), "--json", "--", *job_cmd]
+    t0 = time.monotonic()
+    with open(out / f"{stem}.json", "w") as fo, open(log, "w") as fe:
+        try:
+            rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=seconds + 90).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    wall = time.monotonic() - t0
+    text = log.read_text(errors="replace")
+    rate, lines = steady_rate(text)
+    try:
+        report = json.loads((out / f"{stem}.json").read_text())
+        primary = (report.get("primary_verdict") or {}).get("id")
+    except (OSError, ValueError):
+        primary = None
+    return {"job": job.name, "variant": variant, "rc": rc, "steps_per_s": rate, "rate_lines": lines,
+            "wall_s": round(wall, 1), "primary_at_run": primary, "error_tail": text[-600:] if rate is None else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--jobs", default="", help="comma-separated job names (default: every job)")
+    ap.add_argument("--seconds", type=float, default=14.0, help="seconds each variant trains")
+    ap.add_argument("--variants", default="as_is,fixed")
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in a.jobs.split(",") if n]
+    jobs = [j for j in JOBS if not names or j.name in names]
+    with open(out / "results.jsonl", "a") as res:
+        for job in jobs:
+            for variant in a.variants.split(","):
+                row = run_variant(job, variant, out, a.seconds)
+                res.write(json.dumps(row) + "\n")
+                res.flush()
+                print(f"{job.name:28s} {variant:6s} rc={row['rc']} steps/s={row['steps_per_s']} "
+                      f"wall={row['wall_s']}s primary={row['primary_at_run']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""What a cause cost: the GPU time it kept idle, and what removing it would give.
+
+A verdict that names a cause is a claim about lost GPU time (issue 29). Its rule sees a signal
+(a GIL wait, a data wait, syncs); whether that signal *cost* anything is what the time budget
+says: the share of the window's wall time the GPU idled while the main thread was in that wait.
+A wait that does not leave the GPU idle is off the critical path. So, for every cause-naming
+finding, the engine (verdicts/engine.py) asks here:
+
+- ``causal_loss``: its lost share is the budget's share of its category where the budget has
+  GPU counters (``CATEGORY_OF``), never more than the GPU's idle share; the rule's own figure
+  stands where there is no budget.
+- ``gpu_busy``: the window's GPU busy share (the budget's, else util.gpu). At ``BUSY_GATE`` or
+  more no cause is a verdict: what the rule saw becomes a note ("... the GPU stays busy 93%: not
+  on the critical path").
+- ``fix_gain``: removing a lost share ``s`` of the step's wall time makes steps ``1/(1-s)`` as
+  fast, and no fix makes a step shorter than the GPU's own work in it: ``s <= 1 - busy``.
+
+One home for these numbers: the verdict's ``gain`` and evidence (``fix_gain_pct``), the UI, the
+report, ``--json`` and the exporter all read ``fix_gain``'s figure, worded by ``gain_text``.
+"""
+
+from __future__ import annotations
+
+from gputop.verdicts.signals import Signals
+
+BUSY_GATE = 0.90          # GPU busy share at or above which no cause is a verdict (a note instead)
+MAX_LOSS = 0.95           # a lost share is never taken as more than this (the gain stays finite)
+
+# the budget category whose GPU-idle share a verdict's cause is (derive/budget.py)
+CATEGORY_OF = {"input_bound": "data", "sync_stall": "sync", "gil_contention": "gil",
+               "communication_bound": "collective", "cpu_oversubscribed": "cpu_wait", "host_bound": "cpu",
+               "io_stall": "io", "loop_blocked": "blocked"}
+# causes judged without the budget's categories (the GPU's own view), capped by its idle share
+CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled")
+# verdicts never gated by the GPU's busy share: a stopped loop, and ranks compared with each other
+NOT_GATED = ("stalled", "straggler_rank")
+# a stopped loop is not a share of the step's time that a fix wins back: it has no gain, and it
+# is primary at once (the job itself changed), whatever was primary before
+URGENT = ("stalled",)
+
+
+def gpu_busy(sig: Signals) -> float | None:
+    """The judged window's GPU busy share (0-1): the time budget's, else util.gpu's mean."""
+    b = sig.get("budget.gpu_busy")
+    if b is not None:
+        return b
+    util = sig.get("gpu.util_gpu")
+    return None if util is None else util / 100.0
+
+
+def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
+    """The share of wall time a cause kept the GPU idle (see the module's docstring)."""
+    busy = gpu_busy(sig)
+    idle = None if busy is None else max(0.0, 1.0 - busy)
+    cat = CATEGORY_OF.get(vid)
+    loss = rule_loss
+    budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
+    # (a window of GPU samples alone has no categories: its idle time is "not attributable")
+    budget_share = sig.get(f"budget.{cat}") if cat and budget.get("from") == "stacks" else None
+    if cat is not None and budget_share is not None and busy is not None:
+        loss = budget_share
+        if vid == "input_bound":
+            # with the probe, the GPU's idle time before each batch arrives is measured per step
+            # (its CUDA events: a step's GPU span starts when the batch is there), which the
+            # budget's join of ~100 ms GPU samples with 20 Hz stacks can spread over the step
+            probe = budget.get("probe")
+            if isinstance(probe, dict) and isinstance(probe.get("gpu_share"), (int, float)) \
+                    and isinstance(probe.get("data_wait_share"), (int, float)):
+                loss = max(loss, min(probe["data_wait_share"], max(0.0, 1.0 - probe["gpu_share"])))
+    if idle is not None and (cat is not None or vid in CAPPED_BY_IDLE):
+        loss = min(loss, idle)
+    return max(0.0, min(MAX_LOSS, loss))
+
+
+def fix_gain(loss: float) -> float:
+    """The speed-up (a fraction of steps/s: 0.25 is +25%) that removing a lost share gives."""
+    s = max(0.0, min(MAX_LOSS, loss))
+    return s / (1.0 - s)
+
+
+def gain_text(gain: float) -> str:
+    """"fixing this: up to +25% steps/s" (from +100%: "up to 3.0x steps/s")."""
+    if gain >= 1.0:
+        return f"fixing this: up to {1.0 + gain:.1f}x steps/s"
+    return f"fixing this: up to +{gain * 100:.0f}% steps/s"
