@@ -181,7 +181,8 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
     assert abs(sum(v for k, v in b["shares"].items() if k in LOST) - 1.0) <= 0.02
     assert b["shares"]["io"] > 0.01 and b["frames"]["io"][0][0].startswith("save_checkpoint (real_loops.py:")
     # attached while it trains: its warm-up (the step time settling), then training
-    assert [p["phase"] for p in rep["phases"][:2]] in (["warmup", "training"], ["warmup", "checkpointing"]), rep["phases"]
+    first = [p["phase"] for p in rep["phases"][:2]]
+    assert first in (["warmup", "training"], ["warmup", "checkpointing"]), rep["phases"]
     assert rep["startup"] is None
 
 

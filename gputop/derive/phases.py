@@ -25,11 +25,13 @@ autotuning, the allocator growing and lazy module init make the first steps slow
 rest, and neither start-up frames nor the steady loop describe them. Warm-up is shown and not
 judged. It lasts until the step time has settled: the median of the last ``SETTLE_READINGS``
 readings of the step time (the probe's median step of each of its ~1 s windows) is within
-``SETTLE_RATIO`` of the median of the ``SETTLE_READINGS`` before -- without a probe, the upper quartile of the GPU's
-busy share of each second, within ``SETTLE_BUSY`` (a second's share also drops in every stall) -- with no start-up frames (compiling, lazy CUDA init,
-building) among them; and at most ``WARMUP_MAX_S``. After an evaluation, two readings back at the
-step time training had settled at end it. A job attached to once it has settled leaves warm-up
-after those few readings.
+``SETTLE_RATIO`` of the median of the ``SETTLE_READINGS`` before; without a probe, the upper
+quartile of the GPU's busy share of each second (a second's share also drops in every stall)
+within ``SETTLE_BUSY`` over ``SETTLE_BUSY_READINGS`` seconds; with no start-up frames
+(compiling, lazy CUDA init, building) among them; and at most ``WARMUP_MAX_S``. After an
+evaluation, two readings back at the step time training had settled at end it. A job attached
+to once it has settled leaves warm-up after those few readings. The judged stretch starts at
+the first of the readings that said it had settled.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ PHASES = (STARTUP, WARMUP, TRAINING, EVALUATION, CHECKPOINTING, RUNNING, ENDED)
 # the phases verdicts judge: a checkpoint stall is a training cost, and a loop whose frames name
 # no training step (a custom loop, a job computing on the CPU) is judged as it is
 JUDGED = (TRAINING, CHECKPOINTING, RUNNING)
-LABELS = {STARTUP: "start-up", WARMUP: "warm-up", TRAINING: "training", EVALUATION: "evaluation", CHECKPOINTING: "checkpointing",
-          RUNNING: "running (no training step recognised)", ENDED: "ended"}
+LABELS = {STARTUP: "start-up", WARMUP: "warm-up", TRAINING: "training", EVALUATION: "evaluation",
+          CHECKPOINTING: "checkpointing", RUNNING: "running (no training step recognised)", ENDED: "ended"}
 EVAL_SHARE = 0.3          # of a window's moments in evaluation frames (without training ones)
 CHECKPOINT_SHARE = 0.25   # of a window's moments in checkpoint frames
 STARTUP_SHARE = 0.2       # of a window's moments in start-up frames (imports, model build...) to be start-up
