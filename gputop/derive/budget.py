@@ -65,15 +65,26 @@ _LIBRARY_PARTS = ("/site-packages/torch/", "/dist-packages/torch/", "<frozen ", 
                   "/dist-packages/numpy/", "/gputop/probe/")  # (the probe's own hooks wrap next() and step())
 FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning", "lightning_fabric", "deepspeed",
               "timm", "torchvision", "datasets")
+# Model-definition code, whoever ships it: a model's forward launches its kernels, so its CPU
+# time is kernel launches, not a framework's per-step code (hooks, logging, closures)
+MODEL = "model"
+MODEL_PARTS = ("transformers/models/", "torchvision/models/", "timm/models/", "timm/layers/", "diffusers/models/",
+               "transformers/modeling_", "transformers/pytorch_utils.py", "transformers/activations.py")
+# training frameworks whose own code may run inside a module call (their wrappers' forward)
+_WRAPPERS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed")
 
 
 def owner(path: str) -> str:
-    """Whose code a file is: "user", "torch", "stdlib", "library", or a framework's name."""
+    """Whose code a file is: "user", "torch", "stdlib", "library", "model" (a model library's
+    model definitions), or a framework's name."""
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in path:
-            pkg = path.split(marker, 1)[1].split("/", 1)[0]
+            rest = path.split(marker, 1)[1]
+            pkg = rest.split("/", 1)[0]
             if pkg in ("torch", "functorch"):
                 return "torch"
+            if any(rest.startswith(part) for part in MODEL_PARTS):
+                return MODEL
             return pkg if pkg in FRAMEWORKS else "library"
     if path.startswith("<frozen") or ("/lib/python3" in path and "/site-packages/" not in path):
         return "stdlib"
@@ -129,7 +140,21 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
            fr.UNKNOWN: UNKNOWN}.get(cat, "python")
     engine = any(0 <= i < len(frames) and frames[i][0].rpartition(".")[2] == "_engine_run_backward"
                  and frames[i][1].endswith("torch/autograd/graph.py") for i in stack)
+    if engine or (leaf_owner not in _WRAPPERS and _in_module_call(frames, stack)):
+        # inside an nn.Module's call (the user's forward too) or a backward pass: the model
+        # launching its kernels
+        leaf_owner = MODEL
     return Naming(cat, frame, path, leaf_owner, hint, engine)
+
+
+def _in_module_call(frames: list, stack: list[int]) -> bool:
+    for i in stack:
+        if 0 <= i < len(frames):
+            name, path = frames[i][0], frames[i][1]
+            if path.endswith("torch/nn/modules/module.py") and name.rpartition(".")[2] in ("_call_impl",
+                                                                                         "_wrapped_call_impl"):
+                return True
+    return False
 
 
 def parts_of(m: "Moment") -> dict[str, float]:

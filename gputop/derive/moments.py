@@ -6,6 +6,16 @@ the thread in that second. The time budget (gputop.derive.budget), the stall fin
 A stacks sample with ``seq`` (the samples' order) gives each sample its own moment; an older
 recording without it spreads the window's samples evenly and gives them the window's mean GPU
 busy, which is right on average and says nothing about bursts.
+
+**At step resolution, with the probe.** A GPU busy sample covers >= 100 ms; a step is often
+shorter, so the join spreads a step's idle time over whatever the main thread did in that
+period. The probe measures where it falls: its CUDA events time each step's GPU span from the
+moment the batch arrived, so ``1 - GPU span / step time`` of its ~1 s window is the share of
+wall time the GPU idled *before the batch was there* -- the data wait's cost. Within each probe
+window the moments keep their total idle time (the GPU counters'), and that idle is given to
+the moments in ``next(DataLoader)`` up to what the probe measured, the rest to the other moments
+in proportion to what the join gave them (``_calibrate``): a main thread that waits for the GPU
+in a copy (it queues behind the previous step) is no longer charged the data wait's idle time.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import bisect
 from collections import OrderedDict
 from functools import lru_cache
 
-from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_STACKS, KIND_THREAD_KERNEL
+from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL
 from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, Budget, KernelSplit, Moment,
                                   Naming, budget_of, name_stack)
 
@@ -197,6 +207,7 @@ class MomentBuilder:
         busy = GpuBusy(store, since - 2.0, gpus, lines_since)
         self.with_gpu = self.with_gpu or busy.has_lines   # once a session has GPU counters, it has them
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
+        probe = store.window(KIND_PROBE_STEP, since - 2.0).get(pid, []) if fresh else []
         out: list[Moment] = []
         for s, hit in zip(stacks, hits):   # (as found above: caching below may evict an older hit)
             if hit is not None:
@@ -208,9 +219,10 @@ class MomentBuilder:
                     continue
                 ms = [m for m in ms if m.t >= since]
             else:
-                ms = self._window(s, pid, busy, kernel)
+                ms = self._window(s, pid, busy, kernel, probe)
                 settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
-                                                    any(k.t >= s.t for k in kernel))
+                                                    any(k.t >= s.t for k in kernel) and
+                                                    (not probe or probe[-1].t >= s.t))
                 if settled:
                     self._cache[id(s)] = _Cached(s, ms)
                     while len(self._cache) > self.max_windows:
@@ -223,7 +235,7 @@ class MomentBuilder:
                     budget.add(m)
         return out, busy.source
 
-    def _window(self, s, pid: str, busy: GpuBusy, kernel: list) -> list[Moment]:
+    def _window(self, s, pid: str, busy: GpuBusy, kernel: list, probe: list | None = None) -> list[Moment]:
         data = s.data
         th = main_thread(data, pid)
         frames, code = data.get("frames"), data.get("code") or {}
@@ -271,6 +283,8 @@ class MomentBuilder:
             # with GPU counters, a moment without a GPU sample near it cannot be joined: leave it
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]
+            if probe:
+                _calibrate(ms, probe)
         self._split(ms, pid, kernel)
         return ms
 
@@ -296,3 +310,50 @@ class MomentBuilder:
             for m in inside:
                 if m.naming.cat == "python":
                     m.split = split
+
+
+def pre_batch_idle(w) -> tuple[float, float, float] | None:
+    """(t0, t1, share) of one probe window: the share of its wall time the GPU idled before each
+    batch arrived (its steps' GPU spans start at the batch's CUDA event); None when the window
+    cannot say (no DataLoader wait timed, no GPU span read)."""
+    d = w.data
+    n, step_s, gpu_n, gpu_s, wait = (d.get("step_n"), d.get("step_s_sum"), d.get("gpu_n"), d.get("gpu_s_sum"),
+                                     d.get("data_wait_s_sum"))
+    span = d.get("window_s")
+    if not (type(n) is int and n > 0 and type(gpu_n) is int and gpu_n > 0 and type(step_s) in _NUM and step_s > 0
+            and type(gpu_s) in _NUM and type(wait) in _NUM and wait > 0 and type(span) in _NUM and span > 0):
+        return None
+    share = max(0.0, 1.0 - (gpu_s / gpu_n) / (step_s / n))
+    return w.t - span, w.t, min(1.0, share, wait / step_s)
+
+
+def _calibrate(ms: list[Moment], probe: list) -> None:
+    """Re-place the GPU's idle time within each probe window (the module's docstring)."""
+    for w in probe:
+        got = pre_batch_idle(w)
+        if got is None:
+            continue
+        t0, t1, share = got
+        inside = [m for m in ms if t0 <= m.t < t1]
+        if not inside:
+            continue
+        data = [m for m in inside if m.naming.cat == DATA]
+        rest = [m for m in inside if m.naming.cat != DATA]
+        idle = sum((1.0 - m.busy) * m.dt for m in inside)
+        sampled = sum(m.dt for m in inside)
+        data_s = sum(m.dt for m in data)
+        if data_s <= 0:
+            continue
+        want = min(idle, share * sampled, data_s)     # the data wait's idle, in sampled seconds
+        left = idle - want
+        rest_idle = sum((1.0 - m.busy) * m.dt for m in rest)
+        rest_s = sum(m.dt for m in rest)
+        if left > rest_s:               # (more idle than the other moments can hold: keep the join)
+            continue
+        for m in data:
+            m.busy = 1.0 - want / data_s
+        for m in rest:
+            if rest_idle > 0:
+                m.busy = max(0.0, 1.0 - (1.0 - m.busy) * left / rest_idle)
+            else:
+                m.busy = 1.0 - left / rest_s

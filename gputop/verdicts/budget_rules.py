@@ -16,7 +16,7 @@ When the budget's stalls come back at a steady interval, the evidence names peri
 
 from __future__ import annotations
 
-from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO
+from gputop.derive.budget import BLOCKED, CPU, FRAMEWORKS, IO, MODEL
 from gputop.verdicts.finding import SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import verdict
 from gputop.verdicts.signals import Signals
@@ -25,6 +25,8 @@ HOST_BOUND_SHARE = 0.20     # of wall time: the GPU idle while the main thread r
 IO_STALL_SHARE = 0.05       # of wall time: the GPU idle while the main thread does file I/O
 LOOP_BLOCKED_SHARE = 0.15   # of wall time: the GPU idle while the main thread sleeps or waits
 FRAMEWORK_CPU_SHARE = 0.40  # of the CPU time: then it is the framework's per-step code
+MODEL_CPU_SHARE = 0.40      # of the CPU time: then it is the model launching its kernels
+FRAMEWORK_SECOND_SHARE = 0.25  # ... and a framework's share beside it that is worth naming too
 HOST_BOUND_MIN_SM = 0.05    # % SM active that says kernels ran, where util.gpu is missing
 
 
@@ -83,8 +85,18 @@ def host_bound(sig: Signals) -> Finding | None:
     framework = {k: v for k, v in owners.items() if k in FRAMEWORKS}
     fw_share = sum(framework.values())
     where = _top_frame(budget, CPU)
-    if fw_share >= FRAMEWORK_CPU_SHARE:
-        names = ", ".join(sorted(framework, key=lambda k: -framework[k]))
+    model_share = owners.get(MODEL) or 0.0
+    names = ", ".join(sorted(framework, key=lambda k: -framework[k]))
+    if model_share >= MODEL_CPU_SHARE and model_share >= fw_share:
+        advice = (f"{model_share * 100:.0f}% of that CPU time is the model's own forward and backward launching "
+                  "kernels (model code): the kernels are too small for the GPU, so the CPU cannot queue them fast "
+                  "enough. Capture the step in CUDA graphs (torch.compile(mode='reduce-overhead'), "
+                  "torch.cuda.make_graphed_callables), fuse small ops (torch.compile), use fused/foreach "
+                  "optimizers, or give each kernel more work (a larger batch).")
+        if fw_share >= FRAMEWORK_SECOND_SHARE:
+            advice += (f" The framework's own per-step code ({names}: hooks, logging, the optimizer closure) takes "
+                       f"another {fw_share * 100:.0f}%: log less often (log_every_n_steps / logging_steps).")
+    elif fw_share >= FRAMEWORK_CPU_SHARE:
         advice = (f"Most of that CPU time is the framework's own per-step code ({names}: hooks, logging, the "
                   "optimizer closure): give each step more GPU work (a larger batch, or gradient accumulation "
                   "with a larger micro-batch), log less often (log_every_n_steps / logging_steps), and capture "
@@ -100,6 +112,7 @@ def host_bound(sig: Signals) -> Finding | None:
         f", mostly {where}" if where else "") + (f"; {stall}" if stall else "")
     ev = {**_evidence(sig, budget, CPU), "cpu_owners_pct": {k: _pct(v) for k, v in owners.items()} or None, **sev}
     ev["framework_cpu_pct"] = _pct(fw_share)
+    ev["model_cpu_pct"] = _pct(model_share)
     return host_bound.spec.finding(level=share / HOST_BOUND_SHARE if in_use else 0.0, lost_share=share, confidence=0.8,
                                    evidence=ev, advice=advice, summary=summary)
 
