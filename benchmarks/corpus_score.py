@@ -1,0 +1,181 @@
+"""Score the corpus (issue 29) from recordings made by benchmarks/corpus_run.py, with today's
+rules: each recording replayed, its report's primary verdict and predicted gain against the
+job's known cause and the gain its fix measured (the job's own steps/s, fixed against as is).
+
+    python benchmarks/corpus_score.py DIR [DIR ...] [--json OUT] [--split tune|holdout|all]
+
+Prints one row per job and the goals of issue 29, for the tuning jobs and the held-out third
+apart:
+- the right primary on the job as it is (``cause``; a healthy job: no cause-naming primary with
+  a predicted gain above 10%);
+- on the fixed job: no cause-naming primary with a predicted gain above 10%;
+- the predicted gain within +-30% relative or +-5 points of the measured one (cause jobs);
+- the same primary when gputop attaches once the job trains (the recording cut ATTACH_S after
+  the first training step, with the state a fresh attach would read) as when it watched from the
+  start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "corpus"))
+from manifest import BY_NAME  # noqa: E402
+
+from gputop.model import Sample  # noqa: E402
+from gputop.report import build_report  # noqa: E402
+from gputop.session.recorder import Recorder, RecordingWriter  # noqa: E402
+from gputop.session.recording_reader import RecordingReader  # noqa: E402
+from gputop.verdicts.registry import specs  # noqa: E402
+
+GAIN_NOTE = 0.10       # a cause-naming primary predicting more than this on a healthy or fixed job is wrong
+GAIN_REL = 0.30        # predicted gain within 30% of the measured one ...
+GAIN_ABS = 0.05        # ... or within 5 points
+ATTACH_S = 5.0         # the late attach: this long after the first training step
+# kinds a fresh attach reads at once (sent at the start and on change): kept, as of the cut
+STATE_KINDS = ("gpu_info", "proc_info", "probe_config", "target", "rank", "health", "probe_memory")
+CAUSES = {s.id for s in specs() if s.names_cause}
+
+
+def _first_step(rep: dict) -> float | None:
+    for p in rep.get("phases") or ():
+        if p.get("phase") in ("warmup", "training", "running", "checkpointing"):
+            return p.get("t")
+    return None
+
+
+def crop(src: str, dst: str, t_from: float) -> None:
+    """``src`` as if gputop had attached at ``t_from``: its samples from then on, and the newest
+    state sample of each kind and key before then (at ``t_from``)."""
+    with RecordingReader(src) as r:
+        state: dict = {}
+        rec = Recorder(RecordingWriter(dst, dict(r.meta)))
+        for ref in r.index.good_chunks():
+            samples = r.read_chunk(ref)
+            keep = []
+            for s in samples:
+                if s.t < t_from:
+                    if s.kind in STATE_KINDS:
+                        state[(s.kind, s.key)] = s
+                    continue
+                t0 = s.data.get("t0")
+                if isinstance(t0, (int, float)) and t0 < t_from:
+                    continue   # a py-spy window or kernel second that began before the attach
+                keep.append(s)
+            if keep and state:
+                keep = [Sample(t_from, s.kind, s.key, s.data) for s in state.values()] + keep
+                state = {}
+            if keep:
+                rec.on_samples(keep)
+                rec.flush()
+        rec.stop({"clean": True, "cropped_from": src, "t_from": t_from})
+
+
+def judge(path: pathlib.Path) -> dict:
+    rep = build_report(str(path))
+    p = rep.get("primary_verdict") or {}
+    gain = p.get("gain_pct")
+    return {"primary": p.get("id"), "gain": None if gain is None else gain / 100.0, "share": p.get("share"),
+            "first_step_t": _first_step(rep), "why_none": rep.get("no_verdict_why"),
+            "notes": [n["id"] for n in rep.get("notes") or ()]}
+
+
+def wrong_cause(j: dict) -> bool:
+    """A cause-naming primary that predicts more than GAIN_NOTE (on a job where none should)."""
+    return j["primary"] in CAUSES and (j["gain"] or 0.0) > GAIN_NOTE
+
+
+def score_job(name: str, dirs: list[pathlib.Path], results: dict) -> dict | None:
+    job = BY_NAME[name]
+    recs = {v: next((d / f"{name}-{v}.gtrec" for d in dirs if (d / f"{name}-{v}.gtrec").exists()), None)
+            for v in ("as_is", "fixed")}
+    if recs["as_is"] is None:
+        return None
+    row = {"job": name, "family": job.family, "cause": job.cause, "holdout": job.holdout}
+    a = judge(recs["as_is"])
+    row["as_is"] = a
+    rates = {v: (results.get((name, v)) or {}).get("steps_per_s") for v in ("as_is", "fixed")}
+    row["rates"] = rates
+    row["measured_gain"] = (rates["fixed"] / rates["as_is"] - 1.0) if rates["as_is"] and rates["fixed"] else None
+    if job.cause is None:
+        row["right"] = not wrong_cause(a)
+    else:
+        row["right"] = a["primary"] == job.cause
+    if recs["fixed"] is not None:
+        f = judge(recs["fixed"])
+        row["fixed"] = f
+        row["fixed_ok"] = not wrong_cause(f)
+    measured = row["measured_gain"]
+    if job.cause is not None and measured is not None and a["primary"] == job.cause and a["gain"] is not None:
+        m, g = row["measured_gain"], a["gain"]
+        row["gain_ok"] = abs(g - m) <= max(GAIN_ABS, GAIN_REL * abs(m))
+    t1 = a["first_step_t"]
+    if t1 is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            late = pathlib.Path(tmp) / "late.gtrec"
+            crop(str(recs["as_is"]), str(late), t1 + ATTACH_S)
+            row["late"] = judge(late)
+        row["attach_same"] = row["late"]["primary"] == a["primary"]
+    return row
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{n}/{d} ({100.0 * n / d:.0f}%)" if d else "0/0"
+
+
+def summary(rows: list[dict]) -> list[str]:
+    causes = [r for r in rows if r["cause"] is not None]
+    fixed = [r for r in rows if "fixed_ok" in r]
+    gains = [r for r in causes if "gain_ok" in r]
+    pairs = [r for r in causes if r["measured_gain"] is not None]
+    attach = [r for r in rows if "attach_same" in r]
+    return [f"  right primary as is:            {_pct(sum(r['right'] for r in rows), len(rows))}"
+            f"  (cause jobs {_pct(sum(r['right'] for r in causes), len(causes))})",
+            f"  fixed: no cause > {GAIN_NOTE:.0%} gain:      {_pct(sum(r['fixed_ok'] for r in fixed), len(fixed))}",
+            f"  gain within +-30%/5 pt:         {_pct(sum(r['gain_ok'] for r in gains), len(pairs))}"
+            f" (of pairs with a measured gain; {len(gains)} had the right primary)",
+            f"  same primary attached late:     {_pct(sum(r['attach_same'] for r in attach), len(attach))}"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    dirs = [pathlib.Path(d) for d in args.dirs]
+    results = {}
+    for d in dirs:
+        f = d / "results.jsonl"
+        if f.exists():
+            for line in f.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                results[(r["job"], r["variant"])] = r
+    rows = [r for r in (score_job(n, dirs, results) for n in BY_NAME) if r is not None]
+    print(f"{'job':26s} {'cause':15s} {'as is':15s} {'pred':>6s} {'meas':>6s} {'fixed':15s} {'late':15s}")
+    for r in rows:
+        a, f = r["as_is"], r.get("fixed") or {}
+        pred = f"{a['gain'] * 100:.0f}%" if a.get("gain") is not None else "-"
+        meas = f"{r['measured_gain'] * 100:.0f}%" if r["measured_gain"] is not None else "-"
+        mark = "ok" if r["right"] else "XX"
+        print(f"{r['job'][:26]:26s} {str(r['cause'])[:15]:15s} {str(a['primary'])[:12]:12s} {mark} {pred:>6s} "
+              f"{meas:>6s} {str(f.get('primary'))[:15]:15s} {str((r.get('late') or {}).get('primary'))[:15]:15s}"
+              + (" H" if r["holdout"] else ""))
+    for label, sel in (("tuning", [r for r in rows if not r["holdout"]]),
+                       ("held out", [r for r in rows if r["holdout"]]), ("all", rows)):
+        print(f"{label} ({len(sel)} jobs):")
+        print("\n".join(summary(sel)))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
