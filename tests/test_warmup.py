@@ -1,0 +1,154 @@
+"""The warm-up phase (derive/phases.py) and the engine's causal machinery (verdicts/causal.py,
+verdicts/engine.py): a job's first stretch is not judged until its step time settles, a cause
+costs what the GPU idled for it, its fix's gain follows from that, and the live primary holds
+still. The phase tracker and the engine are driven directly here; the corpus recordings
+(tests/test_corpus.py) prove the same on real jobs."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from collections import Counter
+
+from gputop.derive import frame_rules as fr
+from gputop.derive import phases as ph
+from gputop.report import build_report
+from gputop.session.store import SampleStore
+from gputop.verdicts.causal import fix_gain, gain_text
+from gputop.verdicts.engine import PRIMARY_SWITCH_S, VerdictEngine
+from gputop.verdicts.finding import SEVERITY_WARNING, Finding
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REAL = ROOT / "tests" / "data" / "h200" / "real"
+TRAIN = Counter({fr.TRAIN: 10})
+
+
+def _train(tracker, steps_ms: list[float], t0: float = 10.0) -> list[tuple[float, str]]:
+    """One 1 s training span per step-time reading (the probe's median step of a window)."""
+    seen = []
+    for i, ms in enumerate(steps_ms):
+        a = t0 + i
+        tracker.window(a, a + 1.0, TRAIN, 40, 0.025, 10, readings=[(a + 1.0, "step", ms)])
+        seen.append((a + 1.0, tracker.phase))
+    return seen
+
+
+def test_training_starts_once_the_step_time_has_settled():
+    t = ph.PhaseTracker()
+    seen = _train(t, [400, 250, 160, 120, 100, 101, 99, 100, 100])
+    phases = [p for _, p in seen]
+    assert phases[:5] == [ph.WARMUP] * 5        # still speeding up: 400 -> 100 ms
+    assert ph.TRAINING in phases
+    # the judged stretch starts at the first reading that said it had settled, not later
+    settled_at = seen[phases.index(ph.TRAINING)][0]
+    assert t.training_since < settled_at and t.training_since >= 14.0
+    assert [p for _, p in t.changes] == [ph.WARMUP, ph.TRAINING]
+
+
+def test_a_jittery_but_level_loop_settles():
+    """A GIL-bound loop's step time jitters +-30% window to window (the H200 scenario): the
+    medians of successive readings agree, so it is training after a few of them."""
+    t = ph.PhaseTracker()
+    seen = _train(t, [595, 866, 445, 599, 605, 456, 617, 501])
+    assert seen[-1][1] == ph.TRAINING
+
+
+def test_warm_up_never_lasts_longer_than_its_ceiling():
+    t = ph.PhaseTracker()
+    seen = _train(t, [1000 * 0.93 ** i for i in range(40)])   # 7% faster each second: never levels off
+    first = next(tt for tt, p in seen if p == ph.TRAINING)
+    assert abs(first - (10.0 + ph.WARMUP_MAX_S)) <= 1.0
+
+
+def test_after_an_evaluation_training_at_its_old_step_time_is_judged_at_once():
+    t = ph.PhaseTracker()
+    _train(t, [300, 150, 100, 100, 100, 100, 100])
+    assert t.phase == ph.TRAINING
+    t.window(20.0, 24.0, Counter({fr.EVAL: 30}), 40, 0.1, 0)
+    assert t.phase == ph.EVALUATION
+    seen = _train(t, [101, 99, 100], t0=24.0)
+    assert [p for _, p in seen] == [ph.WARMUP, ph.TRAINING, ph.TRAINING]
+
+
+def test_without_a_probe_a_periodic_stall_is_not_a_warm_up():
+    """A loop that checkpoints every 4 s: its GPU busy share per second drops in every save, but
+    its busier seconds are level, so it settles (it waited 30 s when single seconds decided)."""
+    t = ph.PhaseTracker()
+    busy = [1.0, 1.0, 0.1, 1.0, 1.0, 1.0, 0.1, 1.0, 1.0, 0.1]
+    for i, b in enumerate(busy):
+        t.window(10.0 + i, 11.0 + i, TRAIN, 40, 0.025, 0, readings=[(11.0 + i, "busy", b)])
+    assert t.phase == ph.TRAINING and t.training_since - 10.0 < 10.0
+
+
+def test_a_job_attached_late_gets_the_primary_it_got_watched_from_its_start(tmp_path):
+    """HF Trainer on GPT-2, recorded on the H200 from its start: the report of the same file cut
+    5 s into training, with the state a fresh attach reads, names the same primary."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from corpus_score import crop
+
+    src = REAL / "hf_trainer-run.gtrec"
+    full = build_report(str(src))
+    start = next(p["t"] for p in full["phases"] if p["phase"] == ph.WARMUP)
+    late = tmp_path / "late.gtrec"
+    crop(str(src), str(late), start + 5.0)
+    rep = build_report(str(late))
+    assert full["primary_verdict"]["id"] == rep["primary_verdict"]["id"] == "host_bound"
+    assert rep["phases"][0]["phase"] == ph.WARMUP     # it does not know the job settled before
+
+
+def test_the_gain_of_a_fix():
+    assert abs(fix_gain(0.2) - 0.25) < 1e-9          # a step 20% shorter: 1.25x the steps/s
+    assert fix_gain(0.0) == 0.0
+    assert fix_gain(2.0) == fix_gain(0.95)            # bounded
+    assert gain_text(0.25) == "fixing this: up to +25% steps/s"
+    assert gain_text(2.0) == "fixing this: up to 3.0x steps/s"
+
+
+# -- the engine: the live primary holds still -------------------------------------------------
+
+class Cause:
+    def __init__(self, vid: str, loss: float):
+        self.vid, self.loss, self.level = vid, loss, 1.5
+        self.__name__ = vid
+
+    def __call__(self, sig):
+        return Finding(id=self.vid, title=self.vid, severity=SEVERITY_WARNING, level=self.level,
+                       lost_share=self.loss, confidence=1.0, evidence={}, advice="", summary=self.vid)
+
+
+def _primaries(engine, store, seconds: int, t0: int = 0, each=None) -> list:
+    out = []
+    for t in range(t0, t0 + seconds):
+        if each:
+            each(t)
+        got = [s for s in engine.process(store, float(t)) if s.kind == "verdict_primary"]
+        out.append(got[-1].get("id"))
+    return out
+
+
+def test_the_live_primary_changes_only_after_a_challenger_led_long_enough():
+    a, b = Cause("input_bound", 0.30), Cause("host_bound", 0.20)
+    engine = VerdictEngine(rules=[a, b])
+    store = SampleStore()
+    got = _primaries(engine, store, 40)
+    assert set(got[5:]) == {"input_bound"}
+    b.loss = 0.40                         # host_bound leads now, by 10 points
+    got = _primaries(engine, store, int(PRIMARY_SWITCH_S) + 5, t0=40)
+    switched = got.index("host_bound")
+    assert PRIMARY_SWITCH_S - 1 <= switched <= PRIMARY_SWITCH_S + 1, got
+    b.loss = 0.32                         # a lead of 2 points: never enough
+    a.loss = 0.30
+    engine2 = VerdictEngine(rules=[a, Cause("host_bound", 0.20)])
+    _primaries(engine2, store, 40)
+    engine2.rules[1].loss = 0.32
+    assert set(_primaries(engine2, store, 60, t0=40)) == {"input_bound"}
+
+
+def test_a_primary_that_ends_is_replaced_at_once():
+    a, b = Cause("input_bound", 0.30), Cause("host_bound", 0.20)
+    engine = VerdictEngine(rules=[a, b])
+    store = SampleStore()
+    _primaries(engine, store, 40)
+    a.level = 0.0                          # its rule stops holding: off after LEAVE_S
+    got = _primaries(engine, store, 12, t0=40)
+    assert got[-1] == "host_bound" and got.index("host_bound") <= 7
