@@ -36,6 +36,7 @@ COMM_BOUND_SHARE = 0.20           # share of main-thread time in torch.distribut
 H2D_PCIE_RX_MIBS = 1000.0         # MiB/s host->device sustained over the window
 H2D_MAX_SM = 70.0                 # ... while the GPU is not kept busy (the copies are not hidden)
 PAGEABLE_PCIE_MIBS = 15000.0      # sustained copies slower than this look pageable (pinned: ~50 GB/s on Gen5)
+D2H_PCIE_TX_MIBS = 1000.0         # MiB/s device->host while the loop waits on the GPU: its waits are copies
 LAUNCH_MAX_SM = 40.0              # % SM active: kernels too small to fill the GPU
 LAUNCH_MIN_UTIL = 10.0            # % util.gpu: kernels are running (so it is not idle)
 LAUNCH_MAIN_BUSY = 0.60           # main thread on the CPU (running) share
@@ -263,15 +264,27 @@ def sync_stall(sig: Signals) -> Finding | None:
     lost = _idle_share(sig)
     if lost is None:
         lost = cuda or 0.0
+    tx = sig.get("gpu.pcie_tx_mibs")
+    transfer = tx is not None and tx >= D2H_PCIE_TX_MIBS
+    if transfer:
+        # the waits are device-to-host copies (a blocking .cpu() / .to("cpu") of large tensors):
+        # a transfer to make smaller or overlap, not a scalar read to remove
+        advice = (f"The waits are device-to-host copies (PCIe device->host {tx / 1024:.1f} GiB/s): copy less "
+                  "(only what the host needs, in a smaller dtype), into pinned buffers with "
+                  "non_blocking=True on a side stream, and read them a step later." + where)
+    else:
+        advice = ("Remove host reads of GPU values from the hot loop (.item(), .cpu(), .tolist(), "
+                  "print(tensor), if tensor:); accumulate metrics on the GPU and read them every N steps; "
+                  "use non_blocking copies." + where)
     return sync_stall.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.85, _missing(sig, "stacks", "probe")),
         evidence={"main_cuda_wait_pct": _pct(cuda), "syncs_per_step": _r(syncs), "sm_active_pct": _r(sm),
-                  "hottest_sync": line if isinstance(line, str) else (line[0] if line else None)},
-        advice="Remove host reads of GPU values from the hot loop (.item(), .cpu(), .tolist(), "
-               "print(tensor), if tensor:); accumulate metrics on the GPU and read them every N steps; "
-               "use non_blocking copies." + where,
+                  "hottest_sync": line if isinstance(line, str) else (line[0] if line else None),
+                  "pcie_tx_mib_s": _r(tx, 0), "transfer": transfer},
+        advice=advice,
         summary=f"main thread waits on the GPU {_pct(cuda) or '?'}% of the time"
-                + (f", {syncs:.1f} syncs per step" if syncs is not None else ""),
+                + (f", {syncs:.1f} syncs per step" if syncs is not None else "")
+                + (f"; device->host copies {tx / 1024:.1f} GiB/s" if transfer else ""),
         missing=_missing(sig, "stacks", "probe"))
 
 
