@@ -36,6 +36,7 @@ KIND_PROBE_SYNC = "probe_sync"        # implicit syncs by source line, on change
 KIND_VERDICT = "verdict"                  # one verdict id's state, key = id (verdicts/engine.py)
 KIND_VERDICT_PRIMARY = "verdict_primary"  # the verdict that explains most now, key = "primary"
 KIND_VERDICT_CHANGE = "verdict_change"    # a verdict turned on or off, key = id
+KIND_EFFICIENCY = "efficiency"            # FLOP/s, MFU and energy per rank, key = "job" (derive/efficiency.py)
 KIND_BUDGET = "budget"                    # the time budget, key = "window" / "session" (derive/budget_processor.py)
 KIND_PHASE = "phase"                      # the job's phase (start-up, training, ...), key = "main" (derive/phases.py)
 KIND_STALL = "stall"                      # is the loop stalled, since when, key = "job" (derive/stall.py)

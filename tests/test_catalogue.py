@@ -119,3 +119,20 @@ def test_catalogue_imports_without_pynvml_psutil_or_textual():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_every_kind_is_defined_once_in_the_catalogue():
+    """A sample kind's name has one home (gputop/catalogue.py); every other module imports it.
+    The probe package, which may not import gputop, sends message types (gputop/probe/wire.py),
+    not kinds: probe_client.py turns them into the catalogue's kinds."""
+    root = pathlib.Path(catalogue.__file__).parent
+    pattern = re.compile(r"^(KIND_[A-Z_0-9]+) *=", re.M)
+    where: dict[str, list[str]] = {}
+    for f in root.rglob("*.py"):
+        for name in pattern.findall(f.read_text()):
+            where.setdefault(name, []).append(str(f.relative_to(root)))
+    twice = {k: v for k, v in where.items() if len(v) > 1}
+    assert not twice, twice
+    outside = {k: v for k, v in where.items() if v != ["catalogue.py"]}
+    assert not outside, outside
+    assert all(isinstance(getattr(catalogue, k), str) for k in where)

@@ -20,7 +20,7 @@ import bisect
 from dataclasses import dataclass
 
 from gputop import gpu_peaks
-from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROBE_STEP, MetricSpec
+from gputop.catalogue import KIND_EFFICIENCY, KIND_GPU, KIND_GPU_INFO, KIND_PROBE_CONFIG, KIND_PROBE_STEP, MetricSpec
 from gputop.derive.steps import pool_steps
 from gputop.probe.flops import settings_dtype_class
 from gputop.sources.nvml_fields import ENERGY_EVERY_S
@@ -36,7 +36,7 @@ METHOD_POWER = "power x time"
 KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_GPU, KIND_GPU_INFO)
 
 # What the exporter serves from this module (computed at scrape time, so no sample field).
-KIND_EFFICIENCY = "efficiency"
+
 METRICS: list[MetricSpec] = [
     MetricSpec(KIND_EFFICIENCY, "achieved_flops_per_s", "FLOP/s", "achieved FLOP/s",
                "FLOPs per step (probe) x steps/s over the newest 10 s", aggregate=False,

@@ -40,6 +40,7 @@ import time
 
 import psutil
 
+from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC
 from gputop.model import KIND_EVENT, KIND_HEALTH, Sample, health_data
 from gputop.probe import wire
 from gputop.sources import ranks as _ranks
@@ -48,10 +49,6 @@ from gputop.sources.probe_limits import (DROPS_RECENT_S, MAX_LAG_S, MAX_MESSAGE_
                                          READ_BURST_BYTES, READ_BYTES_PER_S, SAMPLE_BURST, SAMPLES_PER_S, Bucket, Drops)
 from gputop.sources.probe_messages import MAX_STR, _clean, _int, _num, _str, step_data
 
-KIND_PROBE_STEP = "probe_step"
-KIND_PROBE_CONFIG = "probe_config"
-KIND_PROBE_MEMORY = "probe_memory"
-KIND_PROBE_SYNC = "probe_sync"
 PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC)
 
 SOURCE_NAME = "probe"

@@ -47,10 +47,10 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+from gputop.catalogue import KIND_RANK
 from gputop.model import Sample
 from gputop.sources.procfs import is_python_process, still_running
 
-KIND_RANK = "rank"
 SOURCE_ENV, SOURCE_PROBE = "env", "probe"
 STATE_RUNNING, STATE_EXITED = "running", "exited"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gputop.catalogue import KIND_HEALTH, KIND_PHASE
+from gputop.catalogue import KIND_HEALTH, KIND_PHASE, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
 from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
@@ -27,9 +27,6 @@ from gputop.verdicts.rules import RULES, straggler_rank
 from gputop.verdicts.signals import WINDOW_S, build_signals, running_ranks
 from gputop.verdicts.stall_rules import stalled_now
 
-KIND_VERDICT = "verdict"
-KIND_VERDICT_PRIMARY = "verdict_primary"
-KIND_VERDICT_CHANGE = "verdict_change"
 
 ENTER_S = 1.5        # a rule must hold this long before its verdict turns on (no blips)
 LEAVE_S = 5.0        # ... and fail this long before it turns off (no flapping)
