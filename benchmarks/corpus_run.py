@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -28,17 +27,22 @@ SETTLE_SHARE = 0.4   # the first 40% of a job's rate lines are its warm-up: not 
 
 
 def steady_rate(text: str) -> tuple[float | None, int]:
-    """The median of the job's own ``rate`` lines after its warm-up, and how many it printed."""
-    rates = []
+    """The job's own steps/s after its warm-up, and how many ``rate`` lines it printed: the steps
+    from the first line after the first SETTLE_SHARE of them to the last, over the seconds in
+    between (not the median of the lines: a checkpoint or a blocking call that stops the loop for
+    longer than a line's interval barely moves a median, and it is the cost being measured)."""
+    points = []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "rate":
+        if len(parts) == 4 and parts[0] == "rate":
             try:
-                rates.append(float(parts[1]))
+                points.append((int(parts[2]), float(parts[3])))
             except ValueError:
                 pass
-    steady = rates[int(len(rates) * SETTLE_SHARE):]
-    return (statistics.median(steady) if steady else None), len(rates)
+    if len(points) < 3:
+        return None, len(points)
+    (n0, t0), (n1, t1) = points[int(len(points) * SETTLE_SHARE)], points[-1]
+    return ((n1 - n0) / (t1 - t0) if t1 > t0 else None), len(points)
 
 
 def run_variant(job, variant: str, out: pathlib.Path, seconds: float) -> dict:

@@ -4,8 +4,9 @@ A corpus job is a small, realistic training script with one known cause of lost 
 healthy job, a trap that costs nothing) and a one-line fix behind ``--fixed``. It runs on the GPU
 when there is one and, much smaller, on the CPU (CI smoke-runs a few). It prints, like the demo
 workloads, ``rate <steps_per_s> <total_steps>`` every ``--report-every`` seconds from its own step
-count, and ``done <steps> <seconds>`` at the end, so benchmarks/corpus_run.py measures the gain of
-the fix from the job's own numbers, never from gputop's.
+count (then the seconds since its first step), and ``done <steps> <seconds>`` at the end, so
+benchmarks/corpus_run.py measures the gain of the fix from the job's own numbers, never from
+gputop's.
 
 It trains for ``--seconds`` after its first step (start-up is not counted) and then exits by
 itself, so a recording made with ``gputop run`` ends with the job.
@@ -70,7 +71,8 @@ class Meter:
             print(f"first_step {time.time():.3f}", flush=True)
         self.steps += 1
         if now - self.last_t >= self.every:
-            print(f"rate {(self.steps - self.last_steps) / (now - self.last_t):.3f} {self.steps}", flush=True)
+            print(f"rate {(self.steps - self.last_steps) / (now - self.last_t):.3f} {self.steps} {now - self.t0:.3f}",
+                  flush=True)
             self.last_t, self.last_steps = now, self.steps
         return now - self.t0 < self.seconds
 

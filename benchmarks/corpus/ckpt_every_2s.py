@@ -1,0 +1,103 @@
+"""nanoGPT-style train.py on a GPT-2 small (124M) that saves model and AdamW state (~1.5 GB) with
+torch.save every 2 s. Cause (io_stall): each save copies the state to the host and writes it on the
+training thread (~1 s), while the GPU idles. Fix (--fixed): save every 10 minutes (never in this run).
+"""
+# ruff: noqa: E401, E402, E702
+import sys, os; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+
+import numpy as np
+
+from common import Meter, parse, pick, torch_and_device
+
+args = parse(__doc__)
+torch, device = torch_and_device()
+F, nn = torch.nn.functional, torch.nn
+
+
+class Block(nn.Module):
+    """nanoGPT's pre-LayerNorm transformer block."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads, self.ln_1, self.ln_2 = heads, nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.c_attn(self.ln_1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, block_size, n_layer, d, heads):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block_size, d)
+        self.h = nn.ModuleList(Block(d, heads) for _ in range(n_layer))
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        for m in self.modules():  # GPT-2's init: N(0, 0.02)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+batch_size, block_size = pick(16, 4), pick(1024, 64)
+model_args = dict(vocab=pick(50304, 512), block_size=block_size, n_layer=pick(12, 2), d=pick(768, 64),
+                  heads=pick(12, 4))
+# on the CPU the tiny model's state is padded with a 256 MB buffer (an EMA copy, say) so the save still shows
+pad = None if device.type == "cuda" else torch.zeros(64 << 20)
+ckpt_interval_s = 600.0 if args.fixed else 2.0  # the fix: checkpoint every 10 minutes
+out_dir = tempfile.mkdtemp(prefix="corpus-ckpt-")
+data = np.random.randint(0, model_args["vocab"], size=4_000_000, dtype=np.uint16)  # stands in for train.bin
+
+
+def get_batch():
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x, y
+
+
+torch.backends.cuda.matmul.allow_tf32 = True
+with torch.device(device):  # random init, straight on the GPU
+    model = GPT(**model_args)
+optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                              fused=device.type == "cuda")
+ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+meter = Meter(args.seconds, args.report_every)
+X, Y = get_batch()
+last_ckpt, iter_num = time.monotonic(), 0
+while True:
+    with ctx:
+        logits, loss = model(X, Y)
+    X, Y = get_batch()  # prefetch the next batch while the GPU runs this one
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    if time.monotonic() - last_ckpt >= ckpt_interval_s:
+        checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+                      "iter_num": iter_num, "ema": pad}
+        torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))  # on the loop's thread: the GPU waits
+        last_ckpt = time.monotonic()
+    if not meter.step():
+        break
+meter.done()
+shutil.rmtree(out_dir, ignore_errors=True)
