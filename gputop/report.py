@@ -142,7 +142,26 @@ def _read_summaries(reader) -> _Summaries | None:
         final = None   # the replay it summarizes is not of this file as it reads now
     if final is not None and final.get("rules") != rules_fingerprint():
         final = None   # judged by other rules (another gputop): today's are replayed
+    if final is not None and not _final_ok(final):
+        final = None   # not what a recorder writes: the verdicts are replayed from the samples
     return _Summaries(stats, idx.summaries[-1].offset, verdicts, final, sections)
+
+
+# what the last summary frame's ``final`` may hold besides its times and fingerprint: the time
+# budget's report keys (derive/budget_processor.budget_section), each of its own type
+_FINAL_KEYS = {"startup": (dict, type(None)), "startup_s": (int, float, type(None)), "phases": (list,),
+               "budget": (dict, type(None))}
+
+
+def _final_ok(final: dict) -> bool:
+    """``final`` is what a recorder writes: no key of the report's own (a hostile frame's
+    "session" went into --json as it was), each of its type, the phases [{"t", "phase"}]."""
+    extra = set(final) - set(_FINAL_KEYS) - {"t_start", "t_end", "rules"}
+    if extra or not all(isinstance(final.get(k), types) for k, types in _FINAL_KEYS.items() if k in final):
+        return False
+    phases = final.get("phases") or []
+    return all(isinstance(p, dict) and isinstance(p.get("phase"), str) and type(p.get("t")) in (int, float)
+               for p in phases)
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:

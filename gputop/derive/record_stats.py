@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM, KIND_TARGET
+from gputop.model import (HEALTH_STATES, KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_PROC_INFO, KIND_SYSTEM,
+                          KIND_TARGET, Sample)
+from gputop.session.sanitize import clean_samples
 from gputop.sources.calm import CALM_HELD_FACTOR, MAX_WEIGHT, WEIGHT_FIELD, weight_of
 from gputop.sources.nvml_fields import GPM_EVERY_S, HELD_FIELDS, OWN_CADENCE_FIELDS
 
@@ -393,7 +395,12 @@ class StatsPartial:
         for kind, key, last in _rows(obj, "last", 3):
             if not isinstance(last, dict):
                 raise ValueError("last row")
-            p.last[(_str(kind), _str(key))] = last
+            # an info row's values are checked as its samples' are (a GPU name that is a dict,
+            # a PID that is a string...): the same cleaned values whichever way the report reads
+            clean = clean_samples([Sample(0.0, _str(kind), _str(key), last)])
+            if not clean:
+                raise ValueError("last row")
+            p.last[(kind, key)] = dict(clean[0].data)
         for name in ("gpu_rows", "clock_events"):
             if not isinstance(obj.get(name), dict):
                 raise ValueError(name)
@@ -406,8 +413,14 @@ class StatsPartial:
                 raise ValueError("clock events")
             p.clock_events[k].update(evs)
         for key, worst, last in _rows(obj, "health", 3):
+            # both or neither (the report reads the worst of every source it has a last row of),
+            # each as the recorder writes it
+            if (worst is None) != (last is None):
+                raise ValueError("health")
             for h in (worst, last):
-                if h is not None and not (isinstance(h, dict) and type(h.get("_rank")) is int):
+                if h is not None and not (isinstance(h, dict) and type(h.get("_rank")) is int
+                                          and h.get("state") in HEALTH_STATES
+                                          and isinstance(h.get("message", ""), str)):
                     raise ValueError("health")
             if worst is not None:
                 p.health_worst[_str(key)] = worst

@@ -32,7 +32,12 @@ def run(path_a: str, path_b: str, as_json: bool = False, fail_above: float | Non
         for line in bad:
             print(line, file=sys.stderr)
         return EXIT_BAD_INPUT
-    d = compare(*sides)
+    try:
+        d = compare(*sides)
+    except Exception as e:   # noqa: BLE001 (a bug or a file no recorder writes: never exit 1, "slower")
+        print(f"gputop: error: could not compare {printable(path_a, 200)} and {printable(path_b, 200)}: "
+              f"{type(e).__name__}: {printable(str(e), 300)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     code, why = judge(d, fail_above)
     d["fail_above_pct"], d["exit_code"] = fail_above, code
     if why:
