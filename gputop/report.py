@@ -206,6 +206,7 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
                                          {k: v for k, v in final.items() if k not in ("t_start", "t_end", "rules")})
         truncated, clean_end = index.truncated, index.end is not None
         damaged, damage = [d.as_dict() for d in index.damaged], damage_line(index)
+        unreadable_end = index.tail.as_dict() if index.tail is not None else None
     bad = meta_bad   # the metadata's bad values first, then the samples', in the order found
     for where, n in agg.bad_counts.items():
         bad.counts[where] = bad.counts.get(where, 0) + n
@@ -232,6 +233,9 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             "truncated": truncated,
             "damaged": damaged,   # parts skipped: byte offset, length, what, why, time span
             "damage": damage,     # the same in one line, or None
+            # the file ends in bytes that cannot be read and are not a frame cut short (junk, a
+            # damaged end frame): not "gputop was killed"
+            "unreadable_end": unreadable_end,
             "rates": {name: src.get("rates") for name, src in (meta.get("sources") or {}).items()
                       if isinstance(src, dict) and src.get("rates")},
         },
@@ -446,7 +450,7 @@ def _render_text(report: dict) -> str:
         f"  host     {s.get('host')}   started {s.get('start_iso')}   duration {s['duration_s']:.1f} s   "
         f"gputop {s.get('gputop_version')}",
     ]
-    if s.get("truncated") or not s.get("clean_end"):
+    if (s.get("truncated") or not s.get("clean_end")) and not s.get("unreadable_end"):
         lines.append("  note     the recording did not end cleanly (gputop was killed, or it is still "
                      "being written): it covers up to its last complete second")
     if s.get("damage"):

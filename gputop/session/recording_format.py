@@ -83,6 +83,9 @@ class RecordingIndex:
     chunks: list[ChunkRef] = field(default_factory=list)
     end: dict | None = None            # the E frame's data when the session stopped cleanly
     truncated: bool = False            # the file ends inside a frame (killed, or still being written)
+    # unreadable bytes after the last good frame that are not a frame cut short: junk, frames of
+    # no known type, a damaged end frame (None: none, or the file was cut inside a frame)
+    tail: "Damage | None" = None
     has_meta: bool = False
     scanned_to: int = 0                # offset after the last complete frame
     damaged: list[Damage] = field(default_factory=list)   # parts skipped, in file order

@@ -57,6 +57,7 @@ class RecordingReader:
         self._values = 0              # JSON values decoded so far (each chunk counted once)
         self._counted: set[int] = set()
         self._resync_bytes = 0
+        self._tail_seen: tuple[int, int] | None = None   # (scanned_to, size) when the end was unreadable
         head = self._f.read(_FILE_HEADER.size)
         if len(head) < _FILE_HEADER.size or (head[:8] != MAGIC and not _magic_nearly(head)):
             self._f.close()
@@ -65,12 +66,12 @@ class RecordingReader:
             raise RecordingError(f"{path} is not a gputop recording (no gputop header)")
         _, major, minor, _ = _FILE_HEADER.unpack(head)
         self.format_version = (major, minor)
-        if major > FORMAT_MAJOR:
+        self.index.scanned_to = _FILE_HEADER.size
+        if major > FORMAT_MAJOR and not self._version_damaged(major, minor):
             self._f.close()
             raise RecordingError(
                 f"{path} uses recording format {major}.{minor}, newer than this gputop reads "
                 f"({FORMAT_MAJOR}.x): upgrade gputop (pip install -U gputop-triage)")
-        self.index.scanned_to = _FILE_HEADER.size
         try:
             self.refresh()
         except RecordingError:
@@ -96,6 +97,26 @@ class RecordingReader:
             elif not any(d.what == "metadata" for d in idx.damaged):
                 # Its M frame was damaged in a way that made it look like another frame.
                 idx.damaged.insert(0, Damage(_FILE_HEADER.size, 0, "metadata", "missing"))
+
+    def _version_damaged(self, major: int, minor: int) -> bool:
+        """The header's version says newer, but the frames after it are ones this gputop reads
+        and its metadata names a format it reads: one damaged byte in the header, not a newer
+        file (frames of a newer major format do not parse). Keeps the file, names the damage."""
+        try:
+            self.refresh()
+        except RecordingError:
+            return False
+        fmt = self.index.meta.get("format") if self.index.has_meta else None
+        try:
+            meta_major = int(str(fmt).split(".", 1)[0])
+        except ValueError:
+            return False
+        if not 0 < meta_major <= FORMAT_MAJOR:
+            return False
+        self.format_version = (meta_major, minor)
+        self.index.damaged.insert(0, Damage(8, 2, "file header",
+                                            f"its format version reads {major}.{minor}; the metadata says {fmt}"))
+        return True
 
     def close(self) -> None:
         self._f.close()
@@ -131,9 +152,13 @@ class RecordingReader:
         idx = self.index
         pos = idx.scanned_to
         size = os.fstat(self._f.fileno()).st_size
+        if idx.truncated and self._tail_seen == (pos, size):
+            # nothing appended since the unreadable end was scanned: a replay that follows a file
+            # refreshes every tick, and scanning 4 M unknown frames again each time took 64% of a core
+            return False
         self._win = (0, b"")
         found = False
-        idx.truncated = False
+        idx.truncated, idx.tail = False, None
         while pos < size:
             if size - pos < _HDR:
                 idx.truncated = True
@@ -189,6 +214,8 @@ class RecordingReader:
                     nxt = self._next_good_frame(pos + 1, size)
                 if nxt is None:
                     idx.truncated = True  # damage at the end only: keep everything before it
+                    idx.tail = Damage(pos, size - pos, problem[0], problem[1],
+                                      max((c.t1 for c in idx.chunks[-1:]), default=None))
                     break
                 self._note_damage(pos, max(nxt - pos, 0), *problem)
                 pos = nxt
@@ -202,6 +229,7 @@ class RecordingReader:
             idx.scanned_to = pos
             found = True
         self._win = (0, b"")
+        self._tail_seen = (idx.scanned_to, size) if idx.truncated else None
         return found
 
     def _index_chunk(self, pos: int, length: int, t0: float, t1: float):
@@ -394,13 +422,25 @@ def _mmss(t: float | None) -> str:
 def damage_line(index: RecordingIndex) -> str | None:
     """What the reader skipped, in one line (None when nothing was): for the report and replay."""
     parts = index.damaged
+    tail = index.tail
     if not parts:
-        return None
+        return tail_line(index)
     d = parts[0]
     span = f" ({_mmss(d.t0)}-{_mmss(d.t1)})" if d.t0 is not None or d.t1 is not None else ""
     if len(parts) == 1:
         meta_lost = d.what in ("metadata", "file header") and not index.has_meta
         lost = ": target, host and sources unknown" if meta_lost else ""
-        return f"1 {d.what} damaged at byte {d.offset}{span}: skipped{lost}"
-    total = sum(p.length for p in parts)
-    return f"{len(parts)} parts damaged ({total} bytes; the first at byte {d.offset}{span}): skipped"
+        line = f"1 {d.what} damaged at byte {d.offset}{span}: skipped{lost}"
+    else:
+        total = sum(p.length for p in parts)
+        line = f"{len(parts)} parts damaged ({total} bytes; the first at byte {d.offset}{span}): skipped"
+    return line + (f"; {tail_line(index)}" if tail is not None else "")
+
+
+def tail_line(index: RecordingIndex) -> str | None:
+    """The unreadable end of a file in words (None: it has none, or it was cut inside a frame)."""
+    t = index.tail
+    if t is None:
+        return None
+    what = "its end frame" if t.what == "end" else f"the {t.length} bytes after its last good frame"
+    return f"{what} at byte {t.offset} cannot be read ({t.what} {t.reason}): ignored"
