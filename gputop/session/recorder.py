@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Protocol
 
+from gputop.sources.files import FilesError, check_dir_chain
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
     _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, FRAME_SUMMARY, MAGIC,
@@ -55,6 +56,12 @@ class RecordingWriter:
 
     def __init__(self, path: str, meta: dict):
         self.path = path
+        try:
+            # no other user's link or writable directory above it (O_NOFOLLOW guards only the
+            # last component: --record /tmp/mlink/run.gtrec wrote through another user's link)
+            check_dir_chain(os.path.dirname(os.path.abspath(path)))
+        except FilesError as e:
+            raise RecordingError(f"cannot create {path}: {e}") from None
         try:
             # "x": never overwrite; O_NOFOLLOW and 0600: a planted link is refused, the file is private
             self._f = open(path, "xb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW, 0o600))

@@ -13,7 +13,9 @@ there (``/tmp/gputop-run-<pid>.log``) is an invitation to plant a symlink or a f
   writable by nobody else (or sticky, like /tmp); otherwise ``FilesError``, one line, and
   nothing is written.
 - Files: ``create_file`` opens with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600: an existing file or
-  symlink is an error, never followed, appended to or read.
+  symlink is an error, never followed, appended to or read; the directories above it (a
+  ``--record`` path the user chose) are checked by ``check_dir_chain``: no other user's link,
+  no group- or world-writable directory unless sticky.
 - Lifetime: names carry the PID of the gputop that made them, so what a crash (kill -9) left
   behind is recognised by its dead PID and removed at the next start (``clean_stale``); kept
   files (logs, recordings) are bounded by ``prune``.
@@ -89,17 +91,76 @@ def check_private(path: str) -> str | None:
     return None
 
 
+_MAX_LINKS = 40   # symbolic links followed in one path (the kernel's own limit)
+
+
+def resolve_dir(path: str) -> str:
+    """``path``, a directory, with its symbolic links resolved one component at a time: a link
+    is followed only when root or this user owns it (another user's link in /tmp, or anywhere
+    above, is refused: realpath followed it and only the result was checked, so ``--state-dir
+    /tmp/astate/rec`` wrote where the link's owner chose). Raises FilesError."""
+    me, links = _euid(), 0
+    todo = [p for p in os.path.abspath(path).split("/") if p]
+    done = "/"
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        cur = os.path.join(done, name)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise FilesError(f"{cur} does not exist") from None
+        except OSError as e:
+            raise FilesError(f"cannot inspect {cur}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, me):
+                raise FilesError(f"{cur} is a symbolic link owned by uid {st.st_uid}: gputop follows only links "
+                                 f"of root or uid {me}")
+            links += 1
+            if links > _MAX_LINKS:
+                raise FilesError(f"{path}: too many symbolic links")
+            target = os.readlink(cur)
+            if target.startswith("/"):
+                done = "/"
+            todo = [p for p in target.split("/") if p] + todo
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise FilesError(f"{cur} is not a directory")
+        done = cur
+    return done
+
+
+def check_dir_chain(path: str) -> str:
+    """The directory that a file the user named (``--record``) goes into, checked: no link of
+    another user at any level (``resolve_dir``), and no directory above it writable by group or
+    others unless sticky (/tmp): nobody else can swap what is below. A directory owned by
+    another user but writable by nobody else is accepted (root recording into a user's project
+    directory). Returns it resolved; raises FilesError."""
+    real = resolve_dir(path)
+    cur = real
+    while True:
+        st = os.lstat(cur)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise FilesError(f"{cur} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): gputop will "
+                             f"not write a file under it")
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return real
+        cur = parent
+
+
 def private_dir(path: str, make_parents: bool = False) -> str:
     """Make (or accept) ``path`` as a private directory of this user; return its path with the
     directories above it resolved. Raises FilesError."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     if make_parents:
-        try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise FilesError(f"cannot create {parent}: {e.strerror}") from None
-    parent = os.path.realpath(parent)
+        _make_parents(parent)
+    parent = resolve_dir(parent)
     _check_above(parent)
     path = os.path.join(parent, os.path.basename(path))
     try:
@@ -128,10 +189,68 @@ def runtime_dir() -> str:
     return private_dir(os.path.join(tmp, f"gputop-{_euid()}-work"))
 
 
+def _make_parents(path: str) -> None:
+    """``os.makedirs`` of ``path``, 0700, each existing component checked first (resolve_dir) so
+    that no directory is made through another user's link."""
+    missing = []
+    cur = path
+    while not os.path.lexists(cur):
+        missing.append(cur)
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    base = resolve_dir(cur)
+    for d in reversed(missing):
+        base = os.path.join(base, os.path.basename(d))
+        try:
+            os.mkdir(base, 0o700)
+        except FileExistsError:
+            base = resolve_dir(base)
+        except OSError as e:
+            raise FilesError(f"cannot create {base}: {e.strerror}") from None
+
+
+def _own_dir(path: str) -> bool:
+    """``path`` is (or would be made under) this user's own: it, or its nearest existing
+    ancestor, is owned by this user and is no symbolic link."""
+    cur = path
+    while True:
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                return False
+            cur = parent
+            continue
+        except OSError:
+            return False
+        return st.st_uid == _euid() and not stat.S_ISLNK(st.st_mode)
+
+
+def home_dir() -> str:
+    """This user's home: $HOME when it is this user's own, else the password database's (a
+    ``sudo`` that keeps another user's HOME must not put root's files there)."""
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home) and _own_dir(home):
+        return home
+    try:
+        import pwd
+
+        return pwd.getpwuid(_euid()).pw_dir
+    except (ImportError, KeyError):
+        return home or "/"
+
+
 def state_base() -> str:
-    """Where state_dir() lives, without creating anything (for --help and messages)."""
+    """Where state_dir() lives, without creating anything (for --help and messages):
+    $XDG_STATE_HOME/gputop when that directory is this user's own, else ~/.local/state/gputop."""
     xdg = os.environ.get("XDG_STATE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "state")
+    if os.path.isabs(xdg) and _own_dir(xdg):
+        base = xdg
+    else:
+        base = os.path.join(home_dir(), ".local", "state")
     return os.path.join(base, STATE_NAME)
 
 
@@ -147,10 +266,13 @@ def owned_name(kind: str, suffix: str = "", pid: int | None = None) -> str:
     return f"{kind}-{os.getpid() if pid is None else pid}-{stamp}{suffix}"
 
 
-def create_file(path: str) -> int:
-    """A new file, 0600, never an existing file or a symlink: its descriptor. FilesError."""
+def create_file(path: str, flags: int = os.O_WRONLY) -> int:
+    """A new file, 0600, never an existing file or a symlink (its directory checked by
+    check_dir_chain: no other user's link or writable directory above it): its descriptor.
+    FilesError."""
+    path = os.path.join(check_dir_chain(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         raise FilesError(f"{path} already exists: refusing to reuse it") from None
     except OSError as e:
