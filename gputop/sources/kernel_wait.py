@@ -29,7 +29,7 @@ import platform
 # The kind and the wait classes (in the column order of a thread_kernel row) live in the
 # catalogue; importable from here as before.
 from gputop.catalogue import KIND_THREAD_KERNEL, WAIT_CLASSES  # noqa: F401
-from gputop.sources.procfs import PythonInfo, read_schedstat, read_small, stat_state
+from gputop.sources.procfs import FdBudget, PythonInfo, read_schedstat, read_small, stat_state
 
 MAX_KERNEL_THREADS = 256      # threads read by the kernel sampler (main process first)
 PARK_CHECK_TICKS = 5          # a parked thread's system call is read every 5th tick (module docstring)
@@ -132,6 +132,7 @@ class KernelSampler:
         self.procs: dict[int, _KProc] = {}
         self.n_threads = 0
         self.capped = 0
+        self.fds = FdBudget()   # its share of the process's /proc descriptors (procfs.FdBudget)
 
     def refresh(self, pids: list[int], now: float) -> None:
         """Follow the tree: new processes and threads in, gone ones out. ``pids`` lists the
@@ -157,16 +158,24 @@ class KernelSampler:
             budget -= len(keep)
             for tid in [t for t in proc.threads if t not in keep]:
                 self._close(proc.threads.pop(tid))
-            for tid in keep:
+            for tid in sorted(keep):
                 if tid in proc.threads:
                     continue
                 fd = None
                 if not proc.syscall_denied:
+                    if not self.fds.take():
+                        # the process's descriptors are spent (docs/metrics.md, "thread_kernel"):
+                        # fewer threads are sampled, and the stack source's health says how many
+                        self.capped += 1
+                        continue
                     try:
                         fd = os.open(f"/proc/{pid}/task/{tid}/syscall", os.O_RDONLY)
                     except PermissionError:
+                        self.fds.give()
                         proc.syscall_denied = True
                     except OSError:
+                        self.fds.give()
+                        self.capped += 1
                         continue
                 th = _KThread(tid, fd, "")
                 th.sched0 = read_schedstat(pid, tid)
@@ -181,6 +190,7 @@ class KernelSampler:
             except OSError:
                 pass
             th.fd = None
+            self.fds.give()
 
     def _drop_proc(self, pid: int) -> None:
         proc = self.procs.pop(pid, None)

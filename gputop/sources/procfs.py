@@ -51,26 +51,66 @@ class Gone(Exception):
 
 
 class FdBudget:
-    """How many /proc files may stay open: half the soft RLIMIT_NOFILE, so gputop's other parts
-    (the recording, py-spy pipes, sockets) never run short. Beyond it files are re-opened at
-    every read: slower, still correct."""
+    """How many /proc files may stay open. ``FdBudget()`` is a share of the one budget of the
+    whole process (``process_budget``): at most ``share`` of it, taken from it and given back to
+    it, so every source of every session (the agent runs one per job) draws on the same
+    descriptors. Beyond it files are re-opened at every read (slower, still correct), or, for
+    the kernel sampler, fewer threads are sampled and its health says so. ``FdBudget(limit=n)``
+    is a budget of its own, for tests and tiny fixed needs."""
 
-    def __init__(self, limit: int | None = None) -> None:
-        if limit is None:
-            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if soft == resource.RLIM_INFINITY:
-                soft = 8192
-            limit = max(0, min(4096, soft // 2 - 32))
+    def __init__(self, limit: int | None = None, share: float = 0.5) -> None:
+        self.pool = process_budget() if limit is None else None
+        if self.pool is not None:
+            limit = max(0, int(self.pool.limit * share))
         self.limit = self.left = limit
 
     def take(self) -> bool:
-        if self.left > 0:
+        if self.left > 0 and (self.pool is None or self.pool.take()):
             self.left -= 1
             return True
         return False
 
     def give(self) -> None:
         self.left += 1
+        if self.pool is not None:
+            self.pool.give()
+
+
+class _ProcessBudget:
+    """The /proc descriptors the whole process may keep open: half the soft RLIMIT_NOFILE less 32,
+    at most 4096, so the recording, py-spy's pipes, sockets and Python's own imports never run
+    short (``ulimit -n 256`` and a 150-thread target made gputop die with EMFILE: 4 descriptors
+    were kept per thread, and the agent paid that once per job)."""
+
+    def __init__(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 8192
+        self.limit = self.left = max(0, min(4096, soft // 2 - 32))
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.left > 0:
+                self.left -= 1
+                return True
+            return False
+
+    def give(self) -> None:
+        with self._lock:
+            self.left = min(self.limit, self.left + 1)
+
+
+_PROCESS_BUDGET: _ProcessBudget | None = None
+_PROCESS_BUDGET_LOCK = threading.Lock()
+
+
+def process_budget() -> _ProcessBudget:
+    global _PROCESS_BUDGET
+    with _PROCESS_BUDGET_LOCK:
+        if _PROCESS_BUDGET is None:
+            _PROCESS_BUDGET = _ProcessBudget()
+        return _PROCESS_BUDGET
 
 
 def pread_all(fd: int, size: int) -> bytes:

@@ -572,6 +572,12 @@ class StackSource(ThreadedSource):
                 "GIL wait unknown: /proc/PID/task/*/syscall not readable (needs ptrace permission)")
         if not self.kernel.arch_known and state == "ok":
             state, message = "degraded", f"GIL wait unknown on {platform.machine()}: syscall table missing"
+        capped = self.kernel.capped
+        if capped and state == "ok":
+            # degrade, never fail: the process's descriptors (procfs.FdBudget) or the thread cap
+            state = "degraded"
+            message = (f"kernel wait states of {self.kernel.n_threads} of {self.kernel.n_threads + capped} threads "
+                       f"(file descriptors or the {self.kernel.max_threads}-thread cap: raise ulimit -n)")
         # a longer window is news (stall freshness reads it), and so is a calm rate
         said = (state, message, self.window_s, self.window_rate_hz)
         if not self._heartbeat.due(said, mono, force):

@@ -122,6 +122,10 @@ class Target:
             return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
+        except OSError:
+            # it cannot be told now (out of descriptors: EMFILE): a watched job is not declared
+            # gone on that; the host source's next tick reads /proc again
+            return True
 
     def note_exited(self) -> None:
         """A source saw the target go (the host source checks every tick)."""
