@@ -111,3 +111,16 @@ def test_tail_reads_a_bounded_end_of_a_big_log(tmp_path):
     # a missing log is one line in the view, never an exception
     tail = joblog.LogTail(str(tmp_path / "gone.log"))
     assert tail.lines() == [] and "cannot read" in tail.error
+
+
+def test_bidirectional_controls_never_reach_the_screen():
+    """U+202E (right-to-left override) shows what follows backwards: "gnp.exe" for "exe.png".
+    A job's output (the Output view) and recorded text (the report, the UI) drop or write out
+    every bidi control, as they do escape sequences."""
+    from gputop.session.sanitize import BIDI_CONTROLS, printable
+
+    line = "saved to report\u202egnp.exe and \u2066isolated\u2069 \u200fmark"
+    shown = joblog.clean_line(line)
+    assert not any(c in shown for c in BIDI_CONTROLS) and "gnp.exe" in shown
+    text = printable(line)
+    assert not any(c in text for c in BIDI_CONTROLS) and "\\u202e" in text

@@ -431,11 +431,17 @@ def clean_meta(meta: dict, bad: BadValues | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Output
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Bidirectional-text controls (embeddings, overrides, isolates, marks): U+202E makes a terminal
+# show what follows backwards ("gnp.exe" for "exe.png"), so recorded text and a job's output
+# never carry them to the screen. The one list; the Output view (ui/joblog.py) reads it too.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff" + BIDI_CONTROLS + "]")
 
 
 def _escape(m: re.Match) -> str:
     c = m.group()
+    if c in BIDI_CONTROLS:
+        return f"\\u{ord(c):04x}"
     return " " if c in "\t\n\r" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else "?"
 
 

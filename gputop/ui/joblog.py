@@ -5,7 +5,7 @@ The log grows without bound while the job runs, so it is never read whole: one b
 from the end (``MAX_BYTES``), and only when its size or mtime changed since the last read.
 What the job printed is made safe to draw: terminal escape sequences removed, a carriage
 return keeps what was written after it (a progress bar's last state), other control
-characters dropped.
+characters and the bidirectional-text controls (U+202E shows what follows backwards) dropped.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 import re
 
+from gputop.session.sanitize import BIDI_CONTROLS
+
 MAX_LINES = 200
 MAX_BYTES = 64 * 1024  # 200 lines of ~300 characters; a longer line is shown from its end
 _ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
-_CONTROL = {c: None for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
+_CONTROL = {c: None for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), *map(ord, BIDI_CONTROLS)] if c != 0x09}
 _CONTROL[0x09] = "    "
 
 
