@@ -214,3 +214,68 @@ def test_rolling_recordings_stand_alone(tmp_path):
             kinds = {s.kind for s in r.samples()}
             assert r.meta["agent"]["job"] == job.label
         assert "target" in kinds and "proc_info" in kinds   # the second segment too: start facts carried over
+
+
+NS_SCRIPT = """\
+"$1" -c 'import time; time.sleep(30)' plain_job.py & J=$!
+sleep 0.3
+"$1" -m gputop agent --prometheus "127.0.0.1:$2" --duration 2 --scan 0.5
+echo "job $J"
+kill $J
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_agent_says_what_it_looks_for_and_that_a_plain_job_is_no_job(tmp_path):
+    """Issue 31, item 6: `gputop agent` beside a plain `python job.py` served 0 jobs and said only
+    where it serves. It says what it looks for, that it found nothing, names the Python process
+    it saw and points at --match. A real agent in a real PID namespace of its own (unshare), so
+    that the node's other processes (other tests' probed jobs) are not in its view."""
+    import shutil
+
+    from tests.test_prometheus_live import _free_port
+
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        pytest.fail("this test needs root and unshare(1) (util-linux) for a PID namespace of its own")
+    script = tmp_path / "ns.sh"
+    script.write_text(NS_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "sh", str(script), sys.executable,
+                        str(_free_port())], capture_output=True, text=True, timeout=50,
+                       env=dict(os.environ, PYTHONPATH=root), stdin=subprocess.DEVNULL)
+    job = int(r.stdout.split("job ", 1)[1].split()[0])
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gputop agent: ")]
+    assert lines[0].startswith("gputop agent: serving Prometheus metrics on"), r.stderr
+    looks = [ln for ln in lines if "looking for jobs" in ln]
+    assert len(looks) == 1, r.stderr
+    for words in ("every 0.5 s", "on a GPU", "gputop probe", "torchrun", "SLURM"):
+        assert words in looks[0], looks[0]
+    found = [ln for ln in lines if " found " in ln]
+    assert len(found) == 1, r.stderr   # said once: the count never changed
+    assert found[0].startswith("gputop agent: found no job: "), found[0]
+    assert f"PID {job}: {sys.executable} -c import time; time.sleep(30) plain_job.py" in found[0], found[0]
+    assert "--match REGEX" in found[0] and found[0].endswith("e.g. --match 'plain_job\\.py'"), found[0]
+
+
+def test_the_agent_says_when_the_count_of_jobs_changes(caplog):
+    p, tok = spawn("30", name="counted")
+    agent = Agent(match=tok, only_match=True, scan_s=0.3, rates=CHEAP)
+    caplog.set_level("INFO", logger="gputop.agent")
+    try:
+        agent.step()
+        agent.step()
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("found ")]
+        assert said == ["found 1 job (1 matched by --match)"], said
+        p.kill()
+        p.wait()
+        agent.step()
+        agent.step()
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("found ")]
+        assert len(said) == 2 and said[1].startswith(f"found no job: no process's command line matches '{tok}'"), said
+        assert agent.discovery.criteria() == f"processes whose command line matches '{tok}' (--only-match)"
+    finally:
+        agent.stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()

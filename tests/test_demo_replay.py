@@ -53,6 +53,21 @@ def test_demo_replay_headless_prints_the_bundled_report():
     assert report["primary_verdict"]["id"] == "input_bound"
 
 
+def test_the_bundled_replays_report_says_why_it_has_no_mfu():
+    """The shipped recordings were made before the probe counted FLOPs: the report says so
+    (recorded before the count), never that "a gputop older than the count" sent them (issue 31)."""
+    from gputop.derive.efficiency import NO_COUNT_RECORDED
+
+    r = gputop_cmd("demo", "--replay", "input_bound", "--headless")
+    assert r.returncode == 0, r.stderr
+    mfu = [ln for ln in r.stdout.splitlines() if "MFU n/a" in ln or "FLOPs/step n/a" in ln]
+    assert len(mfu) == 2, r.stdout
+    for ln in mfu:
+        assert "older" not in ln, ln
+        assert f"n/a ({NO_COUNT_RECORDED})" in ln, ln
+    assert "recorded before gputop's probe counted FLOPs" in NO_COUNT_RECORDED
+
+
 def test_demo_replay_bad_use_is_one_line_and_exit_2():
     for args, words in ((("--replay", "nope", "--headless"), "gpu_bound, input_bound"),
                         (("--replay", "--duration", "3"), "--duration does not go with --replay"),

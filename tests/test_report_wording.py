@@ -59,3 +59,65 @@ def test_a_short_session_of_a_multiline_c_command(tmp_path):
     # too short to judge: the report says so, in words for after the end
     assert "no verdict: collecting evidence" not in r.stdout
     assert "no verdict over the session: the session ended while gputop was still collecting evidence" in r.stdout
+
+
+ONE_EPOCH = """\
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Busy(Dataset):
+    def __len__(self):
+        return 240
+
+    def __getitem__(self, i):
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+        return torch.zeros(16)
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(16, 4)
+    for batch in DataLoader(Busy(), batch_size=4, num_workers=2):   # one epoch: 2 workers, once
+        model(batch).sum().backward()
+"""
+
+
+def test_dataloader_workers_are_counted_per_process_not_per_thread(tmp_path):
+    """A real one-epoch torch job with num_workers=2: each worker process has threads of its
+    own (QueueFeederThread, a resource-sharing thread), which the report counted as workers
+    ("seen over the session (6; ..."). It must say the 2 processes ps shows (issue 31, item 8)."""
+    import time
+
+    import psutil
+    import pytest
+
+    pytest.importorskip("torch")
+    script = tmp_path / "one_epoch.py"
+    script.write_text(ONE_EPOCH)
+    job = subprocess.Popen([sys.executable, str(script)])
+    rec = tmp_path / "epoch.gtrec"
+    seen: set[int] = set()
+    try:
+        g = subprocess.Popen([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "14",
+                              "--record", str(rec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        while g.poll() is None:   # the job's children, as ps shows them
+            try:
+                seen |= {c.pid for c in psutil.Process(job.pid).children()}
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+        out, err = g.communicate(timeout=60)
+    finally:
+        job.kill()
+        job.wait()
+    assert g.returncode == 0, err
+    assert len(seen) == 2, seen
+    rep = json.loads(gputop_cmd("report", str(rec), "--json").stdout)
+    workers = rep["stacks"]["dataloader_workers"]
+    assert {w["pid"] for w in workers} == seen, workers
+    assert len(workers) == 2 and all(w["threads"] >= 1 for w in workers), workers
+    assert sum(w["threads"] for w in workers) > 2, "the workers' own threads are summed into their process"
+    line = next(ln for ln in out.splitlines() if "DataLoader worker processes seen over the session" in ln)
+    assert "session (2; " in line, line
+    assert len(line.split("CPU ", 1)[1].split(", ")) == 2, line

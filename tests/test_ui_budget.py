@@ -201,6 +201,66 @@ async def test_overview_line_waits_for_stacks_before_the_first_budget():
     assert block(text, "Time budget")[1].startswith("time budget: waiting for stacks")
 
 
+@async_test
+async def test_time_view_says_why_a_non_python_target_has_no_stacks():
+    """A real ``sleep`` watched live: the stack source says "off, not a Python program", and the
+    Time view says that instead of waiting for stacks that never come (issue 31, item 7)."""
+    import subprocess
+
+    from gputop.session.session import LiveSession, SessionClock, base_meta
+    from gputop.sources.host import HostSource
+    from gputop.sources.stacks import StackSource
+    from gputop.sources.target import Target
+
+    child = subprocess.Popen(["sleep", "100"])
+    try:
+        target = Target(child.pid)
+        clock = SessionClock()
+        meta = base_meta(clock, [])
+        meta["target"] = target.describe()
+        session = LiveSession([HostSource(clock, target, interval_s=0.5), StackSource(clock, target)], clock, meta,
+                              processors=default_processors())
+        session.start()
+        try:
+            async with GputopApp(session, refresh_hz=10).run_test(size=(160, 40)) as pilot:
+                await pilot.pause()
+                await pilot.press(view_key(pilot.app, "time"))
+                deadline = time.monotonic() + 15
+                text = ""
+                while "not a Python program" not in text and time.monotonic() < deadline:
+                    await pilot.pause(0.3)
+                    text = screen_text(pilot.app)
+                health = session.store.latest("health", "stacks")
+                assert health is not None and health.get("state") == "off", health
+                line = " ".join(" ".join(block(text, "Where the training loop's time went")[1:3]).split())
+                assert "waiting for stacks" not in line, line
+                want = f"time budget: no stacks: process {child.pid} is not a Python program (sleep)"
+                assert line.startswith(want), line
+        finally:
+            session.stop()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_no_budget_reason_without_a_stack_source_or_when_py_spy_failed():
+    class Snap:
+        def __init__(self, state, sources):
+            self.meta = {"sources": sources}
+            self.state = state
+
+        def source_state(self, name):
+            return self.state
+
+    assert ui_budget.no_budget_reason(Snap(None, {"host": {}})).startswith("no stack source in this session")
+    assert ui_budget.no_budget_reason(Snap(None, {})).startswith("waiting for stacks")
+    failed = {"state": "failed", "message": "py-spy may not read process 7 (ptrace not permitted)"}
+    assert ui_budget.no_budget_reason(Snap(failed, {"stacks": {}})) == (
+        "no stacks yet, py-spy failed: py-spy may not read process 7 (ptrace not permitted)")
+    assert ui_budget.no_budget_reason(Snap({"state": "ok", "message": "starting py-spy"}, {"stacks": {}})).startswith(
+        "waiting for stacks")
+
+
 def test_strip_fits_every_width_and_keeps_the_phase():
     session = replay("checkpoint_stall-pid", 20.0)
     snap = Snapshot(session)

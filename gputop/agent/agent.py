@@ -12,6 +12,7 @@ by PID and start time, so a new process with a recycled PID is).
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -26,6 +27,9 @@ DEFAULT_SCAN_S = 5.0
 DEFAULT_LINGER_S = 15.0
 PRUNE_EVERY_S = 60.0
 MAPPING_EVERY_S = 30.0
+FOUND_WORDS = {"gpu": "on a GPU", "probe": "with a gputop probe", "launcher": "a torch launcher",
+               "launched": "a SLURM task", "match": "matched by --match"}
+NAMED_OTHERS = 3    # Python processes named when none is a job
 
 
 class Agent:
@@ -41,6 +45,8 @@ class Agent:
         self.host_proc = host_proc
         self.argv = list(argv or [])
         self.pid_mapping = "unavailable"   # until NVML lists a process
+        self.nvml_note: str | None = None  # why NVML lists no GPU process (no driver, ...), or None
+        self._said_found: int | None = None   # how many jobs the last "found" line said
         self._gpu_pids: set[int] = set()
         self._mapping_at = -1e9
         self.discovery = Discovery(match=match, gpu_pids=self._gpu_users, only_match=only_match)
@@ -67,7 +73,8 @@ class Agent:
             from gputop.sources.candidates import _nvml_processes
             from gputop.sources.pid_namespace import map_pids
 
-            raw, _note = _nvml_processes()
+            raw, note = _nvml_processes()
+            self.nvml_note = note
             if not raw:
                 return set()
             m = map_pids({p: (mem, set(g)) for p, (mem, g) in raw.items()}, host_proc=self.host_proc)
@@ -81,6 +88,7 @@ class Agent:
 
     # -- the loop ----------------------------------------------------------------------------
     def start(self) -> None:
+        log.info("looking for jobs every %g s: %s", self.scan_s, self.discovery.criteria())
         self._thread = threading.Thread(target=self._loop, name="gputop-agent", daemon=True)
         self._thread.start()
 
@@ -95,6 +103,7 @@ class Agent:
     def step(self) -> None:
         self.stats["scans"] += 1
         found = self.discovery.scan()
+        self._say_found(found)
         now = time.monotonic()
         live = {f.ident for f in found}
         self._refused &= live
@@ -119,6 +128,43 @@ class Agent:
         if self.state is not None and now - self._prune_at >= PRUNE_EVERY_S:
             self._prune_at = now
             self.state.prune()
+
+    # -- what it found, said when the count changes (stderr) -----------------------------------
+    def _say_found(self, found: list[Found]) -> None:
+        if len(found) == self._said_found:
+            return
+        self._said_found = len(found)
+        if found:
+            by: dict[str, int] = {}
+            for f in found:
+                by[f.why] = by.get(f.why, 0) + 1
+            how = ", ".join(f"{n} {FOUND_WORDS.get(w, w)}" for w, n in sorted(by.items(), key=lambda kv: -kv[1]))
+            log.info("found %d job%s (%s)", len(found), "" if len(found) == 1 else "s", how)
+        else:
+            log.info("%s", self.nothing_found())
+
+    def nothing_found(self) -> str:
+        """The line for a scan that found no job: what was looked for is in the start's line; this
+        one says what is here instead, and how to name a job the rules miss (--match)."""
+        d = self.discovery
+        if d.only_match:
+            out = f"found no job: no process's command line matches '{d.match.pattern}'"
+        else:
+            out = "found no job: no Python process on a GPU, with a gputop probe, under a torch launcher or SLURM"
+            if self.nvml_note:
+                out += f" (GPU contexts unknown: {self.nvml_note})"
+        others = d.others
+        if not others:
+            return out + ("; no other Python process is running here; "
+                          "--match REGEX watches any process by its command line")
+        named = "; ".join(f"PID {f.pid}: {_cut(f.command, 80)}" for f in others[:NAMED_OTHERS])
+        more = f"; and {len(others) - NAMED_OTHERS} more" if len(others) > NAMED_OTHERS else ""
+        n = len(others)
+        what = f"{n} Python process{'es' if n > 1 else ''} here {'are' if n > 1 else 'is'}"
+        out += f"; {what} no job ({named}{more})"
+        if d.only_match:
+            return out
+        return out + f": to watch one, add --match REGEX (its command line), e.g. --match {match_example(others[0])}"
 
     def _start(self, f: Found) -> None:
         try:
@@ -154,3 +200,17 @@ class Agent:
             jobs, self._jobs = list(self._jobs.values()), {}
         for job in jobs:
             job.stop()
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def match_example(f: Found) -> str:
+    """A --match for this process, shell-quoted: its script's name, else its command line's start."""
+    words = f.command.split()
+    script = next((w for w in words[1:] if w.endswith(".py")), None)
+    if script is None and len(words) > 2 and words[1] == "-m":
+        script = words[2]
+    word = script.rsplit("/", 1)[-1] if script else " ".join(words[:2])
+    return "'" + re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", word[:60]).replace("'", "'\\''") + "'"

@@ -70,6 +70,9 @@ class Discovery:
         self._cache: dict[tuple[int, int], _Proc | None] = {}
         self._said: set[tuple[int, int]] = set()
         self.skipped = 0             # processes skipped for lack of permission, in all
+        # the last scan's Python processes that are no job, each the top of its tree (not the
+        # agent's own, none under a job): what the agent names when it finds nothing
+        self.others: list[Found] = []
 
     def _read(self, pid: int) -> _Proc | None:
         """A process's facts; None when it is gone; cached by (PID, start time)."""
@@ -157,6 +160,33 @@ class Discovery:
             p = procs[pid]
             out.append(Found(pid, p.start, reason, one_line(p.cmdline or f"[{p.comm}]", 200), p.uid))
         out.sort(key=lambda f: (f.start, f.pid))
+        self.others = self._others(procs, why)
+        return out
+
+    def criteria(self) -> str:
+        """What a scan looks for, in words (the agent says it once at its start)."""
+        if self.only_match:
+            return f"processes whose command line matches '{self.match.pattern}' (--only-match)"
+        rules = ("Python processes on a GPU (a CUDA context NVML lists), with a gputop probe socket, "
+                 "torchrun / python -m torch.distributed.run|launch, or under SLURM (slurmstepd, srun)")
+        if self.match is not None:
+            return f"{rules}; and any process whose command line matches '{self.match.pattern}' (--match)"
+        return rules
+
+    def _others(self, procs: dict[int, _Proc], why: dict[int, str]) -> list[Found]:
+        out = []
+        for pid, p in procs.items():
+            if not p.python or pid in why or pid == self.exclude_root:
+                continue
+            cur, hops, top = p.ppid, 0, True
+            while cur in procs and hops < 64:
+                if cur in why or cur == self.exclude_root or procs[cur].python:
+                    top = False   # under a job, the agent's own, or below another Python process
+                    break
+                cur, hops = procs[cur].ppid, hops + 1
+            if top:
+                out.append(Found(pid, p.start, "", one_line(p.cmdline or f"[{p.comm}]", 200), p.uid))
+        out.sort(key=lambda f: (-f.start, f.pid))   # the newest first: most likely the one just started
         return out
 
     def _excluded_or_covered(self, pid: int, procs: dict[int, _Proc], why: dict[int, str]) -> bool:

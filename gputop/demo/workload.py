@@ -428,6 +428,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
 ]}
 
 NO_TORCH = ("python", "python_gil")  # the scenarios that run without torch
+# The README's install line for torch: the CPU-only build, a few hundred MB instead of the
+# multi-GB CUDA build a plain `pip install torch` fetches on Linux.
+TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+# What `gputop demo` says when it runs python_gil because torch is not installed (gputop/cli.py).
+NO_TORCH_HINT = ("torch is not installed, so the demo runs a pure-Python job with a GIL-hogging thread "
+                 f"(scenario python_gil); for the DataLoader demo install torch's CPU build: {TORCH_CPU_INSTALL}")
+
+
+def needs_torch(scenario: str) -> str:
+    """The line for a scenario that needs torch where it is not installed."""
+    return (f"scenario {scenario} needs torch, which is not installed here: {TORCH_CPU_INSTALL} "
+            f"(the CPU build), or try one of {', '.join(NO_TORCH)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import torch
             except ImportError:  # `gputop demo` checks first; this is for direct runs
-                print(f"scenario {scenario.name} needs torch, which is not installed", file=sys.stderr, flush=True)
+                print(needs_torch(scenario.name), file=sys.stderr, flush=True)
                 return 3
             for mod in scenario.needs:
                 try:

@@ -26,6 +26,7 @@ from gputop.probe.flops import settings_dtype_class
 from gputop.sources.nvml_fields import ENERGY_EVERY_S
 
 FROM_SETTINGS = "dtype from the job's settings"
+NO_COUNT_RECORDED = "recorded before gputop's probe counted FLOPs: this file has step times, no FLOP count"
 WINDOW_S = 10.0             # the live views and the exporter: the newest 10 s (as the verdicts pool)
 # How far back the live views look for two energy-counter readings (the slow loop's jitter can
 # stretch a gap well past ENERGY_EVERY_S: up to ~13 s at the agent's 1 Hz GPU loop).
@@ -92,8 +93,10 @@ def flops_per_step(windows) -> tuple[int | None, dict, str | None]:
             return f, by or {str(s.data.get("flops_dtype") or "?"): f}, None
         if "flops_off" in s.data and s.data.get("flops_off"):
             return None, {}, str(s.data["flops_off"])
-    return None, {}, ("no probe window in this span" if not windows
-                        else "the probe sent no FLOP count: a gputop older than the count")
+    # Windows without even a ``flops_off`` field were recorded before the probe counted FLOPs
+    # (every probe_step sample made since says why it has no count): a file's age, not a fault
+    # of the gputop reading it. The bundled demo recordings are such files.
+    return None, {}, ("no probe window in this span" if not windows else NO_COUNT_RECORDED)
 
 
 def settings_dtype(cfg: dict) -> str | None:

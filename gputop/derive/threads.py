@@ -417,6 +417,31 @@ def report_section(samples: list[Sample]) -> dict:
                           lambda pid, tid: hot_frames(stacks, pid=pid, tid=tid, top=10)["rows"])
 
 
+def worker_processes(threads: list[dict]) -> list[dict]:
+    """One entry per DataLoader worker *process* (its threads summed), busiest first.
+
+    A worker process has several threads of its own (its main thread, multiprocessing's
+    QueueFeederThread, a resource-sharing ``_serve`` thread...): counted per thread, a loader of 2
+    workers read as 6. Each entry: pid, tid and name of the thread it is judged by (its main
+    thread, else its busiest), cpu_pct (all its threads: the process's CPU, 100 = one core),
+    running_pct, idle_pct and where (of that thread), threads (how many were seen)."""
+    by_pid: dict = {}
+    for d in threads:
+        if d["role"] == ROLE_WORKER:
+            by_pid.setdefault(d["pid"], []).append(d)
+    out = []
+    for pid, ds in by_pid.items():
+        main = next((d for d in ds if str(d["tid"]) == str(pid)), None) or max(
+            ds, key=lambda d: d.get("cpu_pct") or 0.0)
+        cpus = [d["cpu_pct"] for d in ds if d.get("cpu_pct") is not None]
+        out.append({"pid": pid, "tid": main["tid"], "name": main["name"],
+                    "cpu_pct": round(sum(cpus), 1) if cpus else None,
+                    "running_pct": main["running_pct"], "idle_pct": main["idle_pct"], "where": main["where"],
+                    "threads": len(ds)})
+    out.sort(key=lambda w: (-(w["cpu_pct"] or 0.0), str(w["pid"])))
+    return out
+
+
 def stacks_section(aggs: dict, sampler: dict, covered_s: float | None, windows: int,
                    top_all: Callable[[], list], top_of: Callable[[int, int | str], list]) -> dict:
     """The section from the threads' sums, however they were summed: over every sample
@@ -427,9 +452,7 @@ def stacks_section(aggs: dict, sampler: dict, covered_s: float | None, windows: 
     def g(key):
         return main.get(key) if main else None
 
-    workers = [{"pid": d["pid"], "tid": d["tid"], "name": d["name"], "cpu_pct": d["cpu_pct"],
-                "running_pct": d["running_pct"], "idle_pct": d["idle_pct"], "where": d["where"]}
-               for d in threads if d["role"] == ROLE_WORKER]
+    workers = worker_processes(threads)
     return {
         "available": True,
         "covered_s": covered_s,

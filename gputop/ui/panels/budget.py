@@ -20,7 +20,7 @@ import re
 
 from rich.text import Text
 
-from gputop.catalogue import KIND_BUDGET, KIND_PHASE
+from gputop.catalogue import KIND_BUDGET, KIND_PHASE, SOURCE_STACKS
 from gputop.derive import budget as bd
 from gputop.derive import phases as ph
 from gputop.ui import fmt
@@ -28,7 +28,7 @@ from gputop.ui.panels import TextPanel, register_help_section, register_panel, r
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts.budget_rules import _stall_text
 
-register_view("time", "Time", order=85)   # after Ranks, before Sources (which stays last)
+register_view("time", "Time", order=85, short="Time")   # after Ranks, before Sources (which stays last)
 
 STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
 STALE_S = 5.0          # the processor publishes the window budget every second (every 2 s while calm)
@@ -207,9 +207,26 @@ def has_budget(snap: Snapshot) -> bool:
     return KIND_BUDGET in snap.kinds or KIND_PHASE in snap.kinds or snap.computes(KIND_BUDGET)
 
 
+WITHOUT_STACKS = "without them it comes from the job's GPU samples alone (none yet)"
+
+
 def waiting_text(snap: Snapshot) -> Text:
-    return Text("time budget: waiting for stacks (it needs a few seconds of py-spy and GPU samples)",
-                style=STYLE_DIM)
+    """Why there is no budget yet: waiting for the first stacks, or, when the stack source is off
+    or failed (its health: gputop/sources/stacks.py), the reason it gave."""
+    return Text(f"time budget: {no_budget_reason(snap)}", style=STYLE_DIM)
+
+
+def no_budget_reason(snap: Snapshot) -> str:
+    h = snap.source_state(SOURCE_STACKS)
+    if h is None and isinstance(snap.meta.get("sources"), dict) and snap.meta["sources"]:
+        return f"no stack source in this session (--no-stacks); {WITHOUT_STACKS}"
+    state = h.get("state") if h is not None else None
+    if state in ("off", "failed"):
+        message = fmt.clean(h.get("message") or "") or "no reason given"
+        if state == "off":
+            return f"no stacks: {message}; {WITHOUT_STACKS}"
+        return f"no stacks yet, py-spy failed: {message}"
+    return "waiting for stacks (it needs a few seconds of py-spy and GPU samples)"
 
 
 def age_text(snap: Snapshot, sample) -> str:
@@ -405,7 +422,10 @@ class TimeBudgetPhase(TextPanel):
         if since is not None:
             t.append(f" for {fmt.duration(max(0.0, snap.now - since))}")
         tr = fmt.to_float(p.get("training_since"))
-        if tr is not None and p.get("phase") != ph.TRAINING:
+        if p.get("phase") == ph.WARMUP:
+            # the verdict strip says "warming up" too: the same words for the same wait
+            t.append(f" · verdicts wait for the step time to settle (at most {ph.WARMUP_MAX_S:g} s)", style=STYLE_DIM)
+        elif tr is not None and p.get("phase") != ph.TRAINING:
             t.append(f" · judged like training for {fmt.duration(max(0.0, snap.now - tr))}", style=STYLE_DIM)
         t.truncate(width, overflow="ellipsis")
         t.append("\n")
