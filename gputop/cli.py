@@ -1,12 +1,14 @@
 """The ``gputop`` command: argument parsing and wiring of sources, session, UI and report.
 
 Every user error ends in one line on stderr (``gputop: error: ...``: what went wrong, what to
-do) and a non-zero exit code: 2 for a bad command line, 1 for anything else.
+do) and a non-zero exit code: 2 for a bad command line, 1 for anything else. A headless session of
+a job gputop started exits with the job's status when the job failed (``job_exit_status``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -31,6 +33,12 @@ def _check_attach_args(a: argparse.Namespace) -> None:
             raise UsageError(f"--duration must be a positive number of seconds, not {a.duration:g}")
     elif a.duration is not None:
         raise UsageError("--duration only applies with --headless")
+    if getattr(a, "keep_running", False):
+        if not a.headless:
+            raise UsageError("--keep-running only applies with --headless (in the UI the job goes on "
+                             "when you quit)")
+        if a.stop_with_gputop:
+            raise UsageError("--keep-running and --stop-with-gputop contradict each other: choose one")
     if a.json and not a.headless:
         raise UsageError("--json only applies with --headless (or use: gputop report FILE --json)")
     for n in a.gpu or []:
@@ -49,10 +57,12 @@ def _check_attach_args(a: argparse.Namespace) -> None:
 # Live sessions
 
 
-def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record_path: str | None):
+def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record_path: str | None,
+                        target=None):
     from gputop.sources.target import Target
 
-    target = Target(pid)  # first: a bad PID is reported before anything else starts
+    if target is None:
+        target = Target(pid)  # first: a bad PID is reported before anything else starts
 
     from gputop.session.recording import Recorder, RecordingError, RecordingWriter
     from gputop.session.session import LiveSession, SessionClock, base_meta
@@ -148,13 +158,24 @@ def _start_exporter(a: argparse.Namespace):
     return exporter
 
 
-def attach(pid: int, a: argparse.Namespace, argv: list[str], child: subprocess.Popen | None = None) -> int:
+def attach(pid: int, a: argparse.Namespace, argv: list[str], job: "_Job | None" = None) -> int:
+    """Watch ``pid`` (in the UI, or headless); ``job``: the command gputop run/demo started."""
+    target = _target(pid)  # first: a missing PID is its one line, before the TTY check or a port
     exporter = _start_exporter(a)
     try:
-        return _attach(pid, a, argv, child, exporter)
+        return _attach(target, a, argv, job, exporter)
     finally:
         if exporter is not None:
             exporter.stop()
+
+
+def _target(pid: int):
+    from gputop.sources.target import Target, TargetError
+
+    try:
+        return Target(pid)
+    except TargetError as e:
+        raise CliError(str(e)) from None
 
 
 def _need_terminal(a) -> None:
@@ -162,15 +183,15 @@ def _need_terminal(a) -> None:
         raise CliError("no terminal here (stdin/stdout is not a TTY): run with --headless --duration S")
 
 
-def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -> int:
+def _attach(target, a: argparse.Namespace, argv: list[str], job, exporter) -> int:
     from gputop.sources.target import TargetError
 
+    _need_terminal(a)
     record_path = a.record
     if a.headless and not record_path:
-        record_path = _default_record_path(pid)
-    _need_terminal(a)
+        record_path = _default_record_path(target.pid)
     try:
-        session, target = _build_live_session(pid, a, argv, record_path)
+        session, target = _build_live_session(target.pid, a, argv, record_path, target=target)
     except TargetError as e:
         raise CliError(str(e)) from None
     if target.ptrace_denied and a.headless:  # watched anyway: say what is missing (Sources view in the UI)
@@ -181,7 +202,7 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
     if a.headless:
         # The signals are caught before the sources start: a kill during start-up (py-spy's
         # first window, the report module's import) still ends with the end frame and report.
-        stop, old = _catch_stop_signals()
+        stop, old = _catch_stop_signals(job)
         try:
             session.start()
             if exporter is not None:
@@ -191,7 +212,7 @@ def _attach(pid: int, a: argparse.Namespace, argv: list[str], child, exporter) -
                 signal.signal(s, h)
             session.stop()
             raise
-        return _run_headless(session, target, a, record_path, child, stop, old)
+        return _run_headless(session, target, a, record_path, job, stop, old)
     from gputop.ui.app import run_app   # (slow: imported before the sources start, not after)
     with _exit_on_sigterm():
         try:
@@ -220,18 +241,21 @@ class _exit_on_sigterm:
         return False
 
 
-def _catch_stop_signals() -> tuple[dict, dict]:
+def _catch_stop_signals(job: "_Job | None" = None) -> tuple[dict, dict]:
     """Headless: SIGINT, SIGTERM and SIGHUP (a closed SSH session) end the session as cleanly as
-    its duration does (end frame, report). Returns (the flag they set, the old handlers)."""
+    its duration does (end frame, report); a started job gets the terminal's two (SIGINT,
+    SIGHUP) passed on, as it would without gputop. Returns (the flag they set, the old handlers)."""
     stop = {"why": None}
 
     def on_signal(signum, frame):
         stop["why"] = signal.Signals(signum).name
+        if job is not None:
+            job.forward(signum)
 
     return stop, {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
-def _run_headless(session, target, a, record_path: str, child, stop: dict, old: dict) -> int:
+def _run_headless(session, target, a, record_path: str, job, stop: dict, old: dict) -> int:
     from gputop.report import build_report, render_text
     from gputop.sources.candidates import one_line
 
@@ -258,6 +282,9 @@ def _run_headless(session, target, a, record_path: str, child, stop: dict, old: 
         for s, h in old.items():
             signal.signal(s, h)
         session.stop({"stopped_by": stop["why"] or ("target exited" if exited_at else "duration")})
+    if job is not None:  # the job ends (or is said to go on) before the report: the report comes last
+        job.end()
+        job.say()
     if session.recording_error:
         print(f"gputop: {session.recording_error}", file=sys.stderr)
     print(f"gputop: recorded to {record_path}", file=sys.stderr, flush=True)
@@ -266,7 +293,8 @@ def _run_headless(session, target, a, record_path: str, child, stop: dict, old: 
         print(_report_json(report))
     else:
         sys.stdout.write(render_text(report))
-    return 0
+    sys.stdout.flush()
+    return job.exit_status() if job is not None else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +381,8 @@ def _last_line(path: str) -> str:
 
 def _open_log(what: str) -> tuple[str, int]:
     """The UI's log of the job's output: a new 0600 file in the per-user state directory (the
-    oldest beyond LOGS_KEPT removed); its path and descriptor."""
+    oldest beyond LOGS_KEPT removed), named after gputop's PID until the job has one
+    (``_name_log_after``); its path and descriptor."""
     from gputop.sources.files import FilesError, create_file, owned_name, prune, state_dir
 
     try:
@@ -371,40 +400,192 @@ def _probe_dir_of_job() -> str:
     return wire.probe_dir(dict(os.environ))
 
 
-def _watch_child(argv: list[str], a, parent_argv: list[str], what: str, stop_with: bool) -> int:
-    from gputop.session.launch import stop_job
-    from gputop.sources.files import remove_dead_probe_sockets
+def _name_log_after(path: str, pid: int) -> str:
+    """The UI's log, named after the job's PID once it has one: ``run-<job PID>-DATE.log`` (a
+    link and unlink in gputop's private directory, never over an existing file; the job's
+    descriptor is unchanged). The old name if that fails."""
+    directory, name = os.path.split(path)
+    kind, _, rest = name.partition("-")
+    new = os.path.join(directory, f"{kind}-{pid}-{rest.partition('-')[2]}")
+    try:
+        os.link(path, new)
+    except OSError:
+        return path
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return new
 
+
+def _ending(returncode: int) -> str:
+    """How a job ended, in words: "exit code 1", "killed by SIGSEGV"."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
+def job_exit_status(returncode: int | None, stopped_by_gputop: bool) -> int:
+    """gputop's exit status for a headless session of a job it started (run --help): the job's
+    when it failed (its exit code; 128+N when signal N ended it, as a shell says), else 0. A job
+    gputop itself stopped (its SIGTERM/SIGKILL at the end), or one still running, did not fail."""
+    if returncode is None or returncode == 0 or stopped_by_gputop:
+        return 0
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Job:
+    """The command `gputop run` / `gputop demo` started: its end (stopped with the session when
+    ``stop_at_end``, else left running), the line gputop says about it and the exit status."""
+
+    def __init__(self, child: subprocess.Popen, what: str, log_path: str | None, stop_at_end: bool,
+                 keep_hint: bool = False):
+        self.child, self.what, self.log_path = child, what, log_path
+        self.stop_at_end, self.keep_hint = stop_at_end, keep_hint
+        self.stopped_with: int | None = None  # the signal of gputop's that ended it
+        self.forwarded = False   # a Ctrl-C or hang-up was passed on to it
+        self.signalled = self.ended = self.said = False
+        self.tries, self.grace_s = 0, 0.0
+
+    def forward(self, signum: int) -> None:
+        """The terminal's SIGINT and SIGHUP (the job has a session of its own: they reach gputop
+        only) go on to the job's process group, as they would have reached the job started
+        directly. Called in a signal handler."""
+        if signum in (signal.SIGINT, signal.SIGHUP) and self.child.returncode is None:
+            from gputop.session.launch import forward_signal
+
+            forward_signal(self.child, signum)
+            self.forwarded = True
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after the grace period (after a Ctrl-C or
+        hang-up passed on, the job first has the grace period to end by itself); SIGKILL at once
+        when a first stop was cut short (a second Ctrl-C while gputop waited)."""
+        from gputop.session.launch import STOP_GRACE_S, stop_job
+
+        self.tries += 1
+        patient = self.tries == 1
+        if patient and self.forwarded:
+            try:
+                self.child.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.child.poll() is None:
+            self.signalled = True  # (before stop_job: a Ctrl-C may cut it short)
+        self.grace_s = STOP_GRACE_S if patient else 0.0
+        ended_by = stop_job(self.child, grace_s=self.grace_s)
+        self.stopped_with = ended_by or self.stopped_with or (signal.SIGTERM if self.signalled else None)
+        self.ended = True
+
+    def end(self) -> None:
+        """The session ended: stop the job if it lives with the session."""
+        if self.stop_at_end and not self.ended:
+            self.stop()
+
+    def say(self, quiet: bool = False) -> None:
+        """One line on stderr: the job goes on (and how to stop it), gputop stopped it, or it
+        ended by itself and how. ``quiet``: only the clean-up (an error said it already)."""
+        from gputop.session.launch import job_group
+        from gputop.sources.files import remove_dead_probe_sockets
+
+        if self.said:
+            return
+        self.said = True
+        child, what = self.child, self.what
+        where = f"; its output is in {self.log_path}" if self.log_path else ""
+        if child.poll() is None:
+            group = job_group(child)
+            how = (f"kill -TERM -{group} (its process group: the job and all it started)" if group
+                   else f"kill {child.pid}")
+            print(f"gputop: the {what} command (PID {child.pid}) goes on running{where}; stop it with: {how}",
+                  file=sys.stderr, flush=True)
+            return
+        if not quiet:
+            if self.stopped_with is not None:
+                how = (" (SIGTERM to its process group)" if self.stopped_with == signal.SIGTERM else
+                       f" (SIGKILL: it was still running {self.grace_s:g} s after SIGTERM)" if self.grace_s else
+                       " (SIGKILL at once: gputop was interrupted while it waited for the job to end)")
+                keep = "; --keep-running leaves it running" if self.keep_hint else ""
+                print(f"gputop: the {what} command (PID {child.pid}) was stopped by gputop{how}{keep}{where}",
+                      file=sys.stderr, flush=True)
+            else:
+                print(f"gputop: the {what} command ended ({_ending(child.returncode)}){where}",
+                      file=sys.stderr, flush=True)
+        # A job stopped by a signal skips its probe's atexit: its socket would stay behind.
+        remove_dead_probe_sockets(_probe_dir_of_job())
+
+    def exit_status(self) -> int:
+        return job_exit_status(self.child.poll(), self.stopped_with is not None)
+
+
+class _passing_on_signals:
+    """Headless, around the whole watch of a started job: until the session catches its signals
+    (and after), the terminal's SIGINT and SIGHUP are passed on to the job and end gputop as they
+    would have (KeyboardInterrupt; exit 128+N), SIGTERM likewise; the job then ends with gputop
+    (``_Job.end``) unless it is to go on."""
+
+    def __init__(self, job: _Job):
+        self.job = job
+
+    def __enter__(self):
+        def leave(signum, frame):
+            self.job.forward(signum)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+
+        self._old = {s: signal.signal(s, leave) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
+
+
+def _watch_child(argv: list[str], a, parent_argv: list[str], what: str, stop_with: bool) -> int:
     _check_attach_args(a)
     _need_terminal(a)  # before the job starts: a job started for nothing would run on
     log_path, log_fd = (None, None) if a.headless else _open_log(what)
-    a.job_log = log_path  # the UI's Output view tails it
     try:
         child = _start_child(argv, log_fd, a, stop_with)
     finally:
         if log_fd is not None:
             os.close(log_fd)
+    if log_path:
+        log_path = _name_log_after(log_path, child.pid)
+    a.job_log = log_path  # the UI's Output view tails it
+    # Headless, the job lives as long as the session (--duration, a signal) unless --keep-running;
+    # in the UI it goes on when gputop quits; --stop-with-gputop (and the demo): it never outlives gputop.
+    keep = getattr(a, "keep_running", False)
+    job = _Job(child, what, log_path, stop_at_end=stop_with or (a.headless and not keep),
+               keep_hint=what == "run" and a.headless and not stop_with)
     where = f"; its output is in {log_path}" if log_path else ""
-    try:
-        time.sleep(0.3)
-        if child.poll() is not None:
-            last = _last_line(log_path) if log_path else ""
-            raise CliError(f"the {what} command exited at once (code {child.returncode}){last}{where}")
+    quiet = False
+    with _passing_on_signals(job) if a.headless else contextlib.nullcontext():
         try:
-            return attach(child.pid, a, parent_argv, child=child)
-        except CliError:
-            stop_job(child)  # gputop could not watch it (a port in use, ...): it was started for that
-            raise
-    finally:
-        if stop_with:
-            stop_job(child)
-        if child.poll() is None:
-            print(f"gputop: the {what} command (PID {child.pid}) goes on running{where}; "
-                  f"stop it with: kill {child.pid}", file=sys.stderr)
-        else:
-            print(f"gputop: the {what} command ended (exit code {child.returncode}){where}", file=sys.stderr)
-            # A job stopped by a signal skips its probe's atexit: its socket would stay behind.
-            remove_dead_probe_sockets(_probe_dir_of_job())
+            time.sleep(0.3)
+            if child.poll() is not None:
+                last = _last_line(log_path) if log_path else ""
+                quiet = True
+                raise CliError(f"the {what} command exited at once ({_ending(child.returncode)}){last}{where}",
+                               exit_code=job.exit_status() or 1)
+            try:
+                return attach(child.pid, a, parent_argv, job=job)
+            except CliError:
+                job.stop()  # gputop could not watch it (a port in use, ...): it was started for that
+                raise
+        finally:
+            try:
+                job.end()
+            except (KeyboardInterrupt, SystemExit):
+                job.end()  # a second Ctrl-C while gputop waited for it: SIGKILL now
+                raise
+            finally:
+                job.say(quiet=quiet)
 
 
 def _no_pid(a, command: str) -> None:
@@ -550,6 +731,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except CliError as e:
         print(f"gputop: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     except KeyboardInterrupt:
         return 130

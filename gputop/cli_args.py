@@ -34,7 +34,8 @@ keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
 (the newest 20, at most 1 GiB in all, are kept).
 
 exit status: 0 done, 1 failed at run time (no such process, unreadable
-file, ...), 2 bad command line (one line says what), 130 interrupted.
+file, ...), 2 bad command line (one line says what), 130 interrupted;
+gputop run --headless: the job's when it failed (see gputop run --help).
 
 docs (every metric, verdict and the report's JSON): {docs}
 """
@@ -44,34 +45,46 @@ COMMAND is the program to start, with its arguments, after `--`.
 
 the job's output:
   --headless: the job's stdout and stderr pass through unchanged (with --json
-  its stdout goes to stderr, so stdout holds the report alone).
-  UI: they go to a log, whose path gputop prints when it ends:
+  its stdout goes to stderr, so stdout holds the report alone); the report
+  comes last, after the job's end.
+  UI: they go to a log, named after the job's PID, whose path gputop prints
+  when it ends:
     {state}/logs/run-PID-DATE.log
   (the last 10 logs are kept).
 
 the job's life:
-  The job does not depend on gputop: when gputop ends (q, the end of
-  --duration, a signal, even kill -9) the job goes on (gputop says so, with
-  its PID). With --stop-with-gputop, gputop's end stops the job and all it
-  started (SIGTERM, then SIGKILL after 5 s). Ctrl-C: in the UI it quits
-  gputop only; with --headless it reaches gputop (which writes its report)
-  and the job alike, as it would reach the job started without gputop; so
-  does the hang-up of a closing SSH session. In the UI the job's stdin is
-  /dev/null and a closing terminal does not reach it.
+  The job runs in a process group (a session) of its own; "all it started"
+  below is that group: torchrun's ranks, DataLoader workers, a script's
+  children. To stop it yourself: kill -TERM -PID (the job's PID).
+  --headless: when --duration ends, or a signal ends gputop early, gputop
+  stops the job and all it started (SIGTERM, then SIGKILL after 5 s), says
+  so, then prints the report; --keep-running leaves it running instead.
+  Ctrl-C reaches gputop (which writes its report) and the job alike, as it
+  would reach the job started without gputop (gputop passes it on); so does
+  the hang-up of a closing SSH session.
+  UI: when gputop ends (q, a signal) the job goes on, and gputop says so,
+  with how to stop it; the job's stdin is /dev/null and a closing terminal
+  does not reach it.
+  kill -9 of gputop leaves the job running, unless --stop-with-gputop: then
+  any end of gputop, even kill -9, stops the job and all it started.
 
 examples:
   gputop run -- python train.py --lr 3e-4
   gputop run -- torchrun --nproc-per-node 8 train.py
   gputop run --headless --duration 120 --json -- python train.py > report.json
+  gputop run --headless --duration 600 --keep-running -- python train.py
   gputop run --stop-with-gputop --record r.gtrec -- python train.py
 
-exit status: 0 done, 1 failed at run time (e.g. COMMAND cannot start),
-2 bad command line.
+exit status: with --headless, the job's when it failed: its exit code, or
+128+N when signal N ended it (gputop's own SIGTERM/SIGKILL at the end of
+--duration is no failure: 0); otherwise 0 done, 1 failed at run time (e.g.
+COMMAND cannot start), 2 bad command line.
 """
 
 DEMO_EPILOG = """\
-The workload is gputop's own and always stops with gputop. Its output
-passes through with --headless; with the UI it goes to a log:
+The workload is gputop's own and always stops with gputop (which says it
+stopped it). Its output passes through with --headless; with the UI it goes
+to a log, named after the workload's PID:
   {state}/logs/demo-PID-DATE.log
 
 --replay plays a recording of a real session on an H200, bundled with
@@ -130,7 +143,11 @@ class UsageError(Exception):
 
 
 class CliError(Exception):
-    """Anything else the user must fix: exit code 1."""
+    """Anything else the user must fix: exit code 1 (``exit_code``: a job's failure passed on)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _grid_arg(text: str) -> float:
@@ -270,8 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=RUN_EPILOG.format(state=state), formatter_class=raw)
     _add_attach_options(run)
     run.add_argument("--stop-with-gputop", action="store_true",
-                     help="stop the job (and all it started) when gputop ends; by default "
-                          "it goes on")
+                     help="stop the job (and all it started) whenever gputop ends, even of kill -9; "
+                          "by default only --headless stops it (at the end of --duration)")
+    run.add_argument("--keep-running", action="store_true",
+                     help="with --headless: leave the job running when --duration ends (by default "
+                          "gputop stops it and all it started, then prints the report)")
     run.add_argument("--pid", dest="sub_pid", help=argparse.SUPPRESS)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
                      help="the program to start and its arguments, after --")

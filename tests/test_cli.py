@@ -65,6 +65,13 @@ def test_pid_that_does_not_exist():
     assert_one_line_error(gputop_cmd("--pid", "4194303", "--headless", "--duration", "1"), 1, "no process with PID 4194303")
 
 
+def test_without_a_terminal_a_missing_pid_is_said_first():
+    """Issue 31 item 9e: `gputop --pid 999999` without a TTY complained about the TTY, not the PID."""
+    r = gputop_cmd("--pid", "4194303")
+    assert_one_line_error(r, 1, "no process with PID 4194303")
+    assert "terminal" not in r.stderr and "TTY" not in r.stderr, r.stderr
+
+
 def test_without_a_terminal_the_ui_says_use_headless():
     r = gputop_cmd("--pid", str(__import__("os").getpid()))
     assert_one_line_error(r, 1, "--headless")

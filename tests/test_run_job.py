@@ -100,8 +100,12 @@ def test_headless_json_keeps_stdout_for_the_report(home):
 
 @pytest.mark.parametrize("how", ["kill -9", "duration"])
 def test_the_job_outlives_gputop_by_default(home, how):
+    """kill -9 of gputop leaves the job running; so does the end of --duration with --keep-running
+    (issue 31 item 1: without it the duration ends the job, tests/test_run_duration.py), and gputop
+    says how to stop the job with all it started: its process group (item 9d)."""
+    keep = ["--keep-running"] if how == "duration" else []
     p = start_gputop(home, "run", "--headless", "--duration", "3" if how == "duration" else "60", "--no-stacks",
-                     "--record", str(home / "r.gtrec"), "--", *SLEEPER)
+                     *keep, "--record", str(home / "r.gtrec"), "--", *SLEEPER)
     pid = job_pid(home)
     try:
         if how == "kill -9":
@@ -110,7 +114,7 @@ def test_the_job_outlives_gputop_by_default(home, how):
         p.wait(timeout=60)
         err = err_of(home)
         if how == "duration":
-            assert p.returncode == 0 and f"PID {pid}) goes on running" in err and f"kill {pid}" in err, err
+            assert p.returncode == 0 and f"PID {pid}) goes on running" in err and f"kill -TERM -{pid}" in err, err
         time.sleep(1)
         assert alive(pid)
     finally:
@@ -146,7 +150,11 @@ def test_headless_sighup_ends_cleanly_with_a_report(home):
     time.sleep(2)
     p.send_signal(signal.SIGHUP)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+    # The hang-up reaches the job too (gputop passes it on: the job has a session of its own), and
+    # kills it as it would have without gputop; a job killed by a signal that is not gputop's
+    # own stop is a failure, whose status gputop gives (issue 31 item 2): 128 + SIGHUP.
+    assert p.returncode == 128 + signal.SIGHUP, err
+    assert "the run command ended (killed by SIGHUP)" in err, err
     assert json.loads(out)["session"]["clean_end"]
     rep = json.loads(subprocess.run([sys.executable, "-m", "gputop", "report", str(rec), "--json"],
                                     capture_output=True, text=True, timeout=60).stdout)
@@ -183,13 +191,16 @@ def test_the_ui_writes_the_jobs_output_to_a_private_log_and_names_it_at_exit(hom
         time.sleep(3)
         os.write(fd, b"q")
         out = _read_until(fd, b"stop it with: kill", 60)
-        _read_until(fd, b"\n", 5)
+        out += _read_until(fd, b"\n", 5)
         os.waitpid(pid, 0)
         text = out.decode(errors="replace")
         m = re.search(r"PID (\d+)\) goes on running; its output is in (\S+\.log)", text)
         assert m, text[-3000:]
         job_pid, log = int(m[1]), pathlib.Path(m[2])
         assert log.parent == home / "state" / "gputop" / "logs"
+        # issue 31 item 9c: named after the job's PID, not gputop's; 9d: stop its process group
+        assert re.fullmatch(rf"run-{job_pid}-\d{{8}}-\d{{6}}\.log", log.name), log.name
+        assert f"stop it with: kill -TERM -{job_pid} " in text and os.getpgid(job_pid) == job_pid, text[-3000:]
         assert stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(log.parent.stat().st_mode) == 0o700
         assert "ui-marker-4" in log.read_text()
         assert alive(job_pid)
@@ -219,7 +230,7 @@ def test_logs_are_pruned_to_the_last_few(home):
         _read_until(fd, b"\x1b[?1049h", 60)
         time.sleep(1)
         os.write(fd, b"q")
-        _read_until(fd, b"exit code", 60)
+        _read_until(fd, b"was stopped by gputop", 60)  # (issue 31 item 9a: no "exit code -15")
         os.waitpid(pid, 0)
     finally:
         os.close(fd)

@@ -79,56 +79,83 @@ def launch_with_probe(argv: list[str], env: Mapping[str, str] | None = None, **p
         raise LaunchError(f"cannot start {exe}: {e.strerror or e}") from None
 
 
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL this long after (run --help promises 5 s)
+
+
 def start_job(argv: list[str], *, with_probe: bool, log_fd: int | None, stdout_to_stderr: bool,
               stop_with_parent: bool) -> subprocess.Popen:
     """Start the command of ``gputop run`` / ``gputop demo`` (``run --help`` promises this):
 
-    - ``log_fd`` (the UI owns the terminal): stdin is /dev/null, stdout and stderr go to the log,
-      and the job has a session of its own, so a closing terminal does not reach it.
+    - Always in a session (and so a process group) of its own, whose ID is the job's PID: gputop
+      (``stop_job``), or the user with ``kill -TERM -PGID``, stops the job with all it started
+      (torchrun's ranks, DataLoader workers, a shell script's children), none left orphaned.
+    - ``log_fd`` (the UI owns the terminal): stdin is /dev/null, stdout and stderr go to the log;
+      a closing terminal does not reach the job.
     - no ``log_fd`` (headless): stdin, stdout and stderr are gputop's, unchanged (stdout goes to
-      stderr with ``stdout_to_stderr``, so --json's stdout is the report alone), and the job stays
-      in gputop's process group: the terminal's Ctrl-C and hang-up reach it as they would reach it
-      started directly.
-    - ``stop_with_parent``: the job leads a process group of its own (so ``stop_job`` reaches its
-      children) and gets SIGTERM when gputop dies, even of SIGKILL (Linux). Without it the job's
-      life does not depend on gputop's.
+      stderr with ``stdout_to_stderr``, so --json's stdout is the report alone). The terminal's
+      Ctrl-C and hang-up reach gputop's process group only: gputop passes them on
+      (``forward_signal``), so they reach the job as they would reach it started directly.
+    - ``stop_with_parent``: the job gets SIGTERM when gputop dies, even of SIGKILL (Linux).
+      Without it the job outlives a gputop killed with -9.
 
     Raises LaunchError (and its FileNotFoundError/PermissionError kinds) or OSError."""
     from gputop.sources.target import dies_with_parent
 
-    kw: dict = {}
+    kw: dict = {"start_new_session": True}
     if log_fd is not None:
-        kw.update(stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True)
+        kw.update(stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)
     elif stdout_to_stderr:
         kw.update(stdout=2)
     if stop_with_parent:
-        kw.update(preexec_fn=dies_with_parent(signal.SIGTERM), start_new_session=True)
-    if with_probe:
-        return launch_with_probe(argv, **kw)
-    return subprocess.Popen(argv, **kw)
+        kw.update(preexec_fn=dies_with_parent(signal.SIGTERM))
+    child = launch_with_probe(argv, **kw) if with_probe else subprocess.Popen(argv, **kw)
+    child.leads_group = True  # (its group outlives it while a straggler runs: known even once it is reaped)
+    return child
 
 
-def stop_job(child: subprocess.Popen) -> None:
-    """Stop a job: one started with ``stop_with_parent`` with everything it started (torchrun's
-    workers, a shell script's children: its process group), SIGTERM then SIGKILL after 5 s."""
+def job_group(child: subprocess.Popen) -> int | None:
+    """The process group the job leads (its PID), or None (it shares another's, or is gone)."""
+    if getattr(child, "leads_group", False):
+        return child.pid
     try:
-        leads_group = os.getpgid(child.pid) == child.pid
+        return child.pid if os.getpgid(child.pid) == child.pid else None
     except ProcessLookupError:
-        leads_group = False  # already reaped
+        return None
 
-    def signal_group(sig):
-        try:
-            if leads_group:
-                os.killpg(child.pid, sig)
-            elif child.poll() is None:
-                child.send_signal(sig)  # it shares gputop's group: only the job itself
-        except (ProcessLookupError, PermissionError):
-            pass
 
-    signal_group(signal.SIGTERM)
+def _signal_group(child: subprocess.Popen, group: int | None, sig: int) -> None:
     try:
-        child.wait(timeout=5)
+        if group is not None:
+            os.killpg(group, sig)
+        elif child.returncode is None:
+            child.send_signal(sig)  # it shares another's group: only the job itself
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def forward_signal(child: subprocess.Popen, sig: int) -> None:
+    """Pass a signal gputop got (the terminal's Ctrl-C, a hang-up) on to the job's process group.
+    Safe in a signal handler: no wait, no lock."""
+    _signal_group(child, job_group(child), sig)
+
+
+def stop_job(child: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int | None:
+    """Stop a job with everything it started (its process group: torchrun's workers, a shell
+    script's children), SIGTERM then SIGKILL after ``grace_s``; stragglers of the group that
+    outlive the job itself get SIGKILL too, so nothing of it writes after this returns.
+
+    Returns the signal that ended the job (SIGTERM or SIGKILL), or None if it had already
+    ended before (then only its stragglers, if any, were stopped)."""
+    group = job_group(child)
+    running = child.poll() is None
+    _signal_group(child, group, signal.SIGTERM)
+    ended_by = signal.SIGTERM if running else None
+    try:
+        child.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        signal_group(signal.SIGKILL)
+        _signal_group(child, group, signal.SIGKILL)
         child.wait()
-    signal_group(signal.SIGKILL)  # stragglers of the group that ignored SIGTERM
+        ended_by = signal.SIGKILL
+    if group is not None:
+        _signal_group(child, group, signal.SIGKILL)  # stragglers that ignored SIGTERM
+    return ended_by
