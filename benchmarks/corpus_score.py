@@ -2,7 +2,7 @@
 rules: each recording replayed, its report's primary verdict and predicted gain against the
 job's known cause and the gain its fix measured (the job's own steps/s, fixed against as is).
 
-    python benchmarks/corpus_score.py DIR [DIR ...] [--json OUT] [--split tune|holdout|all]
+    python -m benchmarks corpus_score DIR [DIR ...] [--json OUT]
 
 Prints one row per job and the goals of issue 29, for the tuning jobs and the held-out third
 apart:

@@ -4,6 +4,8 @@
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
 # Phases: env nvml host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
+# Each phase runs its benchmarks as `$PY -m benchmarks NAME ARGS` (the registry: benchmarks/__init__.py;
+# `python -m benchmarks --list` names them all, with where they run and their goals).
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
 # table of the headline numbers is printed at the end (also in $OUT/h200/summary.txt).
 set -u
@@ -37,23 +39,23 @@ phase_env() {
 
 phase_nvml() {
   local d=$RES/nvml; mkdir -p "$d"
-  timeout 120 $PY benchmarks/nvml_check.py "$d" > "$d/log.txt" 2>&1; echo "nvml_check rc=$?" >> "$d/log.txt"
+  timeout 120 $PY -m benchmarks nvml_check "$d" > "$d/log.txt" 2>&1; echo "nvml_check rc=$?" >> "$d/log.txt"
   tail -40 "$d/log.txt"
 }
 
 phase_host() {
   local d=$RES/host; mkdir -p "$d"
-  timeout 120 $PY benchmarks/host_cost.py "$d" > "$d/log.txt" 2>&1; echo "host_cost rc=$?" >> "$d/log.txt"
+  timeout 120 $PY -m benchmarks host_cost "$d" > "$d/log.txt" 2>&1; echo "host_cost rc=$?" >> "$d/log.txt"
   tail -15 "$d/log.txt"
 }
 
 phase_cost() {
   # gputop's own CPU with the NVML and host sources (issue 2), then with everything (issue 3)
   local d=$RES/cost; mkdir -p "$d"
-  timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
+  timeout 200 $PY -m benchmarks monitor_cost "$d" --scenario gpu_bound --alternations 3 --window 10 \
       --gputop-args=--no-stacks --label spine-gpu_bound > "$d/spine.txt" 2>&1
   tail -8 "$d/spine.txt" | tee -a "$SUMMARY"
-  timeout 200 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --alternations 3 --window 10 \
+  timeout 200 $PY -m benchmarks monitor_cost "$d" --scenario gpu_bound --alternations 3 --window 10 \
       --label full-gpu_bound > "$d/full.txt" 2>&1
   tail -8 "$d/full.txt" | tee -a "$SUMMARY"
 }
@@ -64,7 +66,7 @@ phase_monitors() {
   # steady state, past the stack source's short py-spy windows: WARM_S, until the job, already
   # training, has been watched ~20 s), nvitop from 4 s (it has no warm-up)
   local d=$RES/monitors; mkdir -p "$d"
-  timeout 540 $PY benchmarks/monitor_cost.py "$d" --scenario gpu_bound --window 12 --alternations "${ALTS:-3}" \
+  timeout 540 $PY -m benchmarks monitor_cost "$d" --scenario gpu_bound --window 12 --alternations "${ALTS:-3}" \
       --monitors nvitop,nvitop_fast,headless,ui --settle "${SETTLE:-28}" --nvitop-settle "${NVITOP_SETTLE:-4}" \
       --label monitors-gpu_bound > "$d/monitors.txt" 2>&1
   tail -7 "$d/monitors.txt" | tee -a "$SUMMARY"
@@ -77,7 +79,7 @@ phase_steady() {
   # the job must hold still to be calm), 6 windows of 15 s; BEFORE=TREE adds another checkout's
   # headless gputop in the same windows
   local d=$RES/steady; mkdir -p "$d"
-  timeout 420 $PY benchmarks/monitor_steady.py "$d" --scenario gpu_bound --settle "${STEADY_SETTLE:-100}" \
+  timeout 420 $PY -m benchmarks monitor_steady "$d" --scenario gpu_bound --settle "${STEADY_SETTLE:-100}" \
       --window 15 --windows "${STEADY_WINDOWS:-6}" --monitors nvitop,nvitop_fast,headless,ui \
       ${BEFORE:+--before "$BEFORE"} --label steady-gpu_bound > "$d/steady.txt" 2>&1
   tail -8 "$d/steady.txt" | tee -a "$SUMMARY"
@@ -88,7 +90,7 @@ phase_profile() {
   # issue 14: the headless cost by thread and component, in steady state (after PROFILE_WARMUP s, default 25;
   # the 2 s warm-up windows last until the job has trained 20 s)
   local d=$RES/profile; mkdir -p "$d"
-  timeout 170 $PY benchmarks/cpu_profile.py "$d" --scenario gpu_bound --seconds 30 --warmup "${PROFILE_WARMUP:-25}" \
+  timeout 170 $PY -m benchmarks cpu_profile "$d" --scenario gpu_bound --seconds 30 --warmup "${PROFILE_WARMUP:-25}" \
       --label headless-gpu_bound > "$d/cpu_profile.txt" 2>&1
   head -30 "$d/cpu_profile.txt" | tee -a "$SUMMARY"
   rm -f "$d"/*.gtrec
@@ -132,7 +134,7 @@ phase_scenarios() {
   local d=$RES/scenarios
   if [ -n "${WITH_GIL:-}" ]; then  # CPU-only accuracy runs beside the GPU scenarios (16 cores)
     mkdir -p "$RES/stacks"
-    ( timeout 420 $PY benchmarks/gil_accuracy.py "$RES/stacks/gil" --repeats 2 > "$RES/stacks/gil.txt" 2>&1 ) &
+    ( timeout 420 $PY -m benchmarks gil_accuracy "$RES/stacks/gil" --repeats 2 > "$RES/stacks/gil.txt" 2>&1 ) &
   fi
   for s in ${SCENARIOS:-gpu_bound input_bound h2d_copy_bound launch_bound gil_contention sync_stall memory_bound host_memory_pressure gpu_idle}; do
     run_headless $s 30 "$d"
@@ -162,9 +164,9 @@ phase_captures() {
 phase_stacks() {
   # target slowdown with the stack source attached, side by side; then gputop's cost and size
   local d=$RES/stacks; mkdir -p "$d"
-  timeout 220 $PY benchmarks/stacks_overhead.py "$d/ovh" --modes gpu,cuda-launch,launch --pairs "${PAIRS:-4}" --phase 5 \
+  timeout 220 $PY -m benchmarks stacks_overhead "$d/ovh" --modes gpu,cuda-launch,launch --pairs "${PAIRS:-4}" --phase 5 \
       > "$d/overhead.txt" 2>&1
-  [ "${STACKS_COST:-1}" = 1 ] && timeout 150 $PY benchmarks/stacks_overhead.py "$d/cost" --modes "" --cost-matrix \
+  [ "${STACKS_COST:-1}" = 1 ] && timeout 150 $PY -m benchmarks stacks_overhead "$d/cost" --modes "" --cost-matrix \
       --recording 20 > "$d/cost.txt" 2>&1
   tail -20 "$d/overhead.txt" "$d/cost.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
@@ -174,14 +176,14 @@ phase_launchcost() {
   # twin targets pinned to CPUs 2 and 3, watched in turn; then more, shorter alternations on one
   local d=$RES/launchcost; mkdir -p "$d"
   grep -E '^cpu ' /proc/stat > "$d/stat-before.txt"  # steal time: how noisy the machine's CPUs are
-  timeout 300 $PY benchmarks/stacks_overhead.py "$d/twin-launch" --modes launch --twin --pin 2,3 \
+  timeout 300 $PY -m benchmarks stacks_overhead "$d/twin-launch" --modes launch --twin --pin 2,3 \
       --pairs "${TWIN_PAIRS:-12}" --phase "${TWIN_PHASE:-5}" > "$d/twin-launch.txt" 2>&1
   tail -4 "$d/twin-launch.txt" | tee -a "$SUMMARY"
-  timeout 300 $PY benchmarks/stacks_overhead.py "$d/twin-cuda" --modes cuda-launch --twin --pin 2,3 \
+  timeout 300 $PY -m benchmarks stacks_overhead "$d/twin-cuda" --modes cuda-launch --twin --pin 2,3 \
       --pairs "${TWIN_PAIRS:-12}" --phase "${TWIN_PHASE:-5}" > "$d/twin-cuda.txt" 2>&1
   tail -4 "$d/twin-cuda.txt" | tee -a "$SUMMARY"
   if [ "${ALT_PAIRS:-10}" -gt 0 ]; then
-    timeout 150 $PY benchmarks/stacks_overhead.py "$d/alt-cuda" --modes cuda-launch --pairs "${ALT_PAIRS:-10}" \
+    timeout 150 $PY -m benchmarks stacks_overhead "$d/alt-cuda" --modes cuda-launch --pairs "${ALT_PAIRS:-10}" \
         --phase 4 > "$d/alt-cuda.txt" 2>&1
     tail -4 "$d/alt-cuda.txt" | tee -a "$SUMMARY"
   fi
@@ -190,15 +192,15 @@ phase_launchcost() {
 
 phase_probe() {
   local d=$RES/probe; mkdir -p "$d"
-  timeout 200 $PY benchmarks/probe_overhead.py "$d" --reps 3 > "$d/overhead.txt" 2>&1
-  timeout 150 $PY benchmarks/probe_accuracy.py "$d" --seconds "${PROBE_S:-8}" > "$d/accuracy.txt" 2>&1
+  timeout 200 $PY -m benchmarks probe_overhead "$d" --reps 3 > "$d/overhead.txt" 2>&1
+  timeout 150 $PY -m benchmarks probe_accuracy "$d" --seconds "${PROBE_S:-8}" > "$d/accuracy.txt" 2>&1
   tail -25 "$d/overhead.txt" "$d/accuracy.txt" 2>/dev/null | tee -a "$SUMMARY"
 }
 
 phase_ranks() {
   # a 2-rank torchrun job sharing the GPU: ranks, their GPU and SM active (issue 6)
   local d=$RES/ranks; mkdir -p "$d"
-  timeout 90 $PY benchmarks/ranks_h200.py "$d" > "$d/log.txt" 2>&1; echo "ranks_h200 rc=$?" >> "$d/log.txt"
+  timeout 90 $PY -m benchmarks ranks_h200 "$d" > "$d/log.txt" 2>&1; echo "ranks_h200 rc=$?" >> "$d/log.txt"
   tail -15 "$d/log.txt" | tee -a "$SUMMARY"
 }
 
@@ -251,19 +253,19 @@ phase_real() {
 # bf16 and a ResNet-50); a GPU loop that stops stepping (sleep, lock, a collective) named `stalled`.
 phase_mfu() {
   local d=$RES/mfu; mkdir -p "$d"
-  timeout 300 $PY benchmarks/mfu_h200.py "$d" --train-s ${MFU_TRAIN_S:-20} > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  timeout 300 $PY -m benchmarks mfu_h200 "$d" --train-s ${MFU_TRAIN_S:-20} > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
   tail -25 "$d/log.txt" | tee -a "$SUMMARY"
   rm -f "$d"/*.gtrec.tmp
 }
 phase_stall() {
   local d=$RES/stall; mkdir -p "$d"
-  timeout 300 $PY benchmarks/stall_h200.py "$d" > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+  timeout 300 $PY -m benchmarks stall_h200 "$d" > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
   tail -20 "$d/log.txt" | tee -a "$SUMMARY"
 }
 # Issue 16: the agent finds two training processes started after it, exports both, forgets the first.
 phase_agent() {
   local d=$RES/agent; mkdir -p "$d"
-  timeout 300 $PY benchmarks/agent_h200.py "$d" --first ${AGENT_FIRST:-70} --overlap ${AGENT_OVERLAP:-45} \
+  timeout 300 $PY -m benchmarks agent_h200 "$d" --first ${AGENT_FIRST:-70} --overlap ${AGENT_OVERLAP:-45} \
       > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
   tail -20 "$d/log.txt" | tee -a "$SUMMARY"
 }
@@ -272,14 +274,14 @@ phase_agent() {
 phase_ddp1() {
   local d=$RES/ddp1; mkdir -p "$d"
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    timeout 240 $PY benchmarks/ddp_nccl.py "$d" --nproc 1 --reps 3 > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
+    timeout 240 $PY -m benchmarks ddp_nccl "$d" --nproc 1 --reps 3 > "$d/log.txt" 2>&1; echo "rc=$?" >> "$d/log.txt"
   tail -20 "$d/log.txt" | tee -a "$SUMMARY"
 }
 # Issue 17 on a multi-GPU kind when one is lent: DDP/FSDP straggler, balanced, communication-bound.
 phase_ddpN() {
   local d=$RES/ddpN; mkdir -p "$d"
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    timeout 500 $PY benchmarks/ddp_nccl.py "$d" --nproc ${NPROC:-$(nvidia-smi -L | wc -l)} > "$d/log.txt" 2>&1
+    timeout 500 $PY -m benchmarks ddp_nccl "$d" --nproc ${NPROC:-$(nvidia-smi -L | wc -l)} > "$d/log.txt" 2>&1
   echo "rc=$?" >> "$d/log.txt"; tail -30 "$d/log.txt" | tee -a "$SUMMARY"
 }
 
@@ -287,9 +289,9 @@ phase_corpus() {
   # issue 29: every corpus job as it is and fixed under `gputop run --headless`, recorded; the
   # gain of each fix from the job's own rate lines (benchmarks/corpus_run.py). CORPUS_JOBS picks
   # jobs (comma-separated), CORPUS_SECS the training seconds of each variant. Scored offline:
-  # python benchmarks/corpus_score.py DIR
+  # python -m benchmarks corpus_score DIR
   local d=$RES/corpus; mkdir -p "$d"
-  $PY benchmarks/corpus_run.py "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" 2>&1 | tee -a "$d/run.txt"
+  $PY -m benchmarks corpus_run "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" 2>&1 | tee -a "$d/run.txt"
   tail -3 "$d/run.txt" >> "$SUMMARY"
 }
 

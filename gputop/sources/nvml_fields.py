@@ -11,7 +11,7 @@ from gputop.catalogue import KIND_GPU, KIND_GPU_PROCS, MetricSpec, dcgm_same
 
 ENERGY_EVERY_S = 5.0   # how often the NVML slow loop reads the total energy counter (nvml_gpu.py)
 # How often the slow loop reads the target's per-process SM % (nvmlDeviceGetProcessUtilization:
-# ~2 ms of CPU a call on the H200, 0.2% of a core at 1 Hz; benchmarks/results/h200-run1/
+# ~2 ms of CPU a call on the H200, 0.2% of a core at 1 Hz; benchmarks/results/h200-run1.tar.gz
 # nvml_check.json). The driver keeps the samples, and each read asks for those since the newest
 # one seen, so a read every 5 s averages the same samples that five reads would; the gpu_procs
 # samples in between repeat the last value (the UI and /metrics show the latest).
