@@ -286,7 +286,8 @@ def _run_headless(session, target, a, record_path: str, job, stop: dict, old: di
         job.end()
         job.say()
     if session.recording_error:
-        print(f"gputop: {session.recording_error}", file=sys.stderr)
+        print(f"gputop: {session.recording_error}: the recording covers the session only up to then",
+              file=sys.stderr)
     print(f"gputop: recorded to {record_path}", file=sys.stderr, flush=True)
     report = _with_emissions(build_report(record_path), a)
     if a.json:
@@ -294,7 +295,14 @@ def _run_headless(session, target, a, record_path: str, job, stop: dict, old: di
     else:
         sys.stdout.write(render_text(report))
     sys.stdout.flush()
-    return job.exit_status() if job is not None else 0
+    status = job.exit_status() if job is not None else 0
+    if status == 0 and stop["why"] is not None:
+        # interrupted (the report is written all the same): 128 + the signal, as a shell says it;
+        # Ctrl-C is 130 (README's exit status)
+        status = 128 + signal.Signals[stop["why"]].value
+    if status == 0 and session.recording_error:
+        status = 1   # the recording stopped early (a full disk): a failure at run time
+    return status
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,7 +610,7 @@ def _torch_installed() -> bool:
 
 
 def cmd_demo(a, parent_argv) -> int:
-    from gputop.demo.workload import NO_TORCH, SCENARIOS
+    from gputop.demo.workload import NO_TORCH, NO_TORCH_HINT, SCENARIOS, needs_torch
 
     _no_pid(a, "demo")
     if a.list:
@@ -620,12 +628,12 @@ def cmd_demo(a, parent_argv) -> int:
         raise UsageError(f"unknown scenario {a.scenario!r}: choose one of {', '.join(SCENARIOS)} (gputop demo --list)")
     if a.scenario not in NO_TORCH and not _torch_installed():
         if a.scenario != "default":
-            raise CliError(f"scenario {a.scenario} needs torch, which is not installed here: "
-                           f"pip install torch, or try one of {', '.join(NO_TORCH)}")
+            raise CliError(needs_torch(a.scenario))
         # The newcomer's first command must show gputop working on any machine: without torch,
-        # the default becomes a pure-Python job whose main thread waits for the GIL.
-        print("gputop demo: torch is not installed, so the demo runs a pure-Python job with a GIL-hogging "
-              "thread (scenario python_gil); pip install torch for the DataLoader demo", file=sys.stderr)
+        # the default becomes a pure-Python job whose main thread waits for the GIL. (The UI also
+        # shows the hint when it starts: this line is hidden behind the screen until it quits.)
+        print(f"gputop demo: {NO_TORCH_HINT}", file=sys.stderr)
+        a.notice = NO_TORCH_HINT
         a.scenario = "python_gil"
     if SCENARIOS[a.scenario].needs_gpu and _nvidia_gpu_count() == 0:
         cpu_ok = ", ".join(n for n, s in SCENARIOS.items() if not s.needs_gpu)

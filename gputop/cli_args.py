@@ -34,7 +34,8 @@ keys in the UI: ? help, q quit, space pause (replay), left/right seek 10 s
 (the newest 20, at most 1 GiB in all, are kept).
 
 exit status: 0 done, 1 failed at run time (no such process, unreadable
-file, ...), 2 bad command line (one line says what), 130 interrupted;
+file, a recording stopped early by a full disk, ...), 2 bad command line
+(one line says what), 130 interrupted by Ctrl-C (128+N for signal N);
 gputop run --headless: the job's when it failed (see gputop run --help).
 
 docs (every metric, verdict and the report's JSON): {docs}

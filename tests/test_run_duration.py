@@ -224,3 +224,29 @@ def test_keep_running_needs_headless_and_contradicts_stop_with_gputop(args, word
     r = subprocess.run([sys.executable, "-m", "gputop", "run", *args], capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+
+
+def test_a_full_disk_says_when_the_recording_stopped_and_exits_1(tmp_path):
+    """The recorder's write fails (RLIMIT_FSIZE stands in for a full disk: the same OSError):
+    gputop keeps watching, writes its report, says the recording stopped early and when, and
+    exits 1 (it exited 0 with "recorded to" for a file covering 5.9 of 15 s)."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6_000, 6_000))   # ~5 s of this job
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails (EFBIG), as on a full disk
+
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 30: sum(range(9999))"
+    job = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "10",
+                              "--record", str(tmp_path / "full.gtrec")], capture_output=True, text=True, timeout=90,
+                             preexec_fn=small_files)
+    finally:
+        job.kill()
+        job.wait()
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    m = re.search(r"recording stopped early at 0:(\d\d\.\d) of the session", out.stderr)
+    assert m and 0.0 < float(m.group(1)) < 10.0, out.stderr[-2000:]
+    assert "Triage" in out.stdout    # the report of what was recorded

@@ -163,6 +163,7 @@ class Recorder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputop-recorder", daemon=True)
         self.error: str | None = None
+        self.written_to: float | None = None   # session time of the newest sample written
         self.samples_written = 0
         self.dropped = 0                # samples dropped because the disk fell behind
         self._dropped_noted = 0
@@ -230,15 +231,23 @@ class Recorder:
                 for piece in _pieces(run):
                     written = self.writer.write_samples(piece)
                     self.samples_written += len(piece)
+                    self.written_to = max((x.t for x in piece), default=self.written_to)
                     if written is not None:
                         self._summarize(*written)
                 run = []
                 if isinstance(item, dict):
                     self.writer.write_meta(item)
         except OSError as e:  # disk full: say so, keep monitoring
-            self.error = f"recording stopped: {e.strerror}"
+            self.error = f"recording stopped early{self._at()}: {e.strerror}"
         except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
-            self.error = f"recording stopped: {type(e).__name__}: {e}"
+            self.error = f"recording stopped early{self._at()}: {type(e).__name__}: {e}"
+
+    def _at(self) -> str:
+        """" at 0:05.9 of the session" (the newest sample written), or "" before any."""
+        t = self.written_to
+        if t is None:
+            return ""
+        return f" at {int(t // 60)}:{t % 60:04.1f} of the session"
 
     def _summarize(self, payload: bytes, t0: float, t1: float, series: list[Series] | None) -> None:
         """Feed one written chunk to the summarizer; a summary frame per ``summary_s`` seconds.
@@ -307,6 +316,7 @@ class Recorder:
                 # on a frozen disk, and gputop would never exit)
                 self.writer.close(end, sync=not self._thread.is_alive())
             except OSError as e:
-                self.error = f"recording not closed cleanly: {e.strerror}"
+                # (the first error says when the recording stopped: a full disk mid-session)
+                self.error = self.error or f"recording not closed cleanly: {e.strerror}"
         finally:
             self._io_lock.release()
