@@ -36,7 +36,7 @@ def test_primary_verdict_is_the_scenarios_bottleneck(path):
     # readings of a settled step time, then the verdict holds ENTER_S before it turns on
     assert r["first_ok_s"] is not None and r["first_ok_s"] <= 10.0, r
     assert r["held"] >= 0.8, r
-    assert r["first_verdict_s"] <= 10.0, r
+    assert r["first_verdict_s"] <= 10.0, r   # (7-10 s on the nine: docs/benchmarks.md, "Issue 29")
 
 
 def test_no_false_alarm_on_a_healthy_gpu_bound_job():
