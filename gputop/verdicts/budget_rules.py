@@ -65,6 +65,24 @@ def _stall_text(budget: dict, cat: str) -> tuple[str, dict]:
     return "", ev
 
 
+NO_GPU_BASIS = "no GPU counters: judged on the loop's time"
+
+
+def _judged(budget) -> str | None:
+    """How a budget can judge: "gpu" (the GPU's idle time, the usual), "loop" (no GPU counters
+    -- NVML missing or denied, or a job on the CPU: the shares are of the main thread's own time,
+    from its stacks), or None (no budget, or one of GPU samples alone with nothing to name)."""
+    if not isinstance(budget, dict):
+        return None
+    if budget.get("gpu_source") is not None:
+        return "gpu"
+    return "loop" if budget.get("from") == "stacks" else None
+
+
+def _idle_words(basis: str) -> str:
+    return "GPU idle" if basis == "gpu" else "the loop spends"
+
+
 def _evidence(sig: Signals, budget: dict, cat: str) -> dict:
     return {f"{cat}_share_pct": _pct(sig.get(f"budget.{cat}")), "gpu_busy_pct": _pct(sig.get("budget.gpu_busy")),
             "gpu_from": budget.get("gpu_source"), "window_s": budget.get("window_s"),
@@ -75,7 +93,8 @@ def _evidence(sig: Signals, budget: dict, cat: str) -> dict:
          meaning="GPU idle >= {HOST_BOUND_SHARE:.0%} of the time while the loop runs Python/CPU code")
 def host_bound(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{CPU}"), sig.facts.get("budget")
-    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+    # (GPU counters only: on a job without them, CPU code is the work itself, not a wait)
+    if share is None or _judged(budget) != "gpu":
         return None
     util, sm = sig.get("gpu.util_gpu"), sig.get("gpu.sm_active")
     # The GPU must be in use: no kernel at all (util.gpu 0, as for a process that only holds a
@@ -121,18 +140,21 @@ def host_bound(sig: Signals) -> Finding | None:
          order=65, meaning="GPU idle >= {IO_STALL_SHARE:.0%} of the time in file I/O (torch.save, safetensors, logs)")
 def io_stall(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{IO}"), sig.facts.get("budget")
-    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+    basis = _judged(budget)
+    if share is None or basis is None:
         return None
     where = _top_frame(budget, IO)
     stall, sev = _stall_text(budget, IO)
     psi = sig.get("host.psi_io_some_pct")
-    summary = f"GPU idle {share * 100:.0f}% of the last {_win(budget)} in file I/O" + (f" ({where})" if where else "") + (
-        f"; {stall}" if stall else "")
+    summary = f"{_idle_words(basis)} {share * 100:.0f}% of the last {_win(budget)} in file I/O" + (
+        f" ({where})" if where else "") + (f"; {stall}" if stall else "") + (
+        f" ({NO_GPU_BASIS})" if basis == "loop" else "")
     advice = ("Take file I/O off the training loop's critical path: save checkpoints asynchronously "
               "(torch.distributed.checkpoint.async_save, or copy the state to the host and write it from a "
               "thread), less often, or to faster local storage; log to files every N steps, not every step.")
-    return io_stall.spec.finding(level=share / IO_STALL_SHARE, lost_share=share, confidence=0.8,
-                                 evidence={**_evidence(sig, budget, IO), "psi_io_some_pct": _r(psi), **sev},
+    return io_stall.spec.finding(level=share / IO_STALL_SHARE, lost_share=share, confidence=0.8 if basis == "gpu" else 0.6,
+                                 evidence={**_evidence(sig, budget, IO), "psi_io_some_pct": _r(psi), **sev,
+                                           "judged_on": basis},
                                  advice=advice, summary=summary)
 
 
@@ -140,7 +162,8 @@ def io_stall(sig: Signals) -> Finding | None:
          order=67, meaning="GPU idle >= {LOOP_BLOCKED_SHARE:.0%} of the time in blocking calls (sleep, lock, queue, socket)")
 def loop_blocked(sig: Signals) -> Finding | None:
     share, budget = sig.get(f"budget.{BLOCKED}"), sig.facts.get("budget")
-    if share is None or not isinstance(budget, dict) or budget.get("gpu_source") is None:
+    basis = _judged(budget)
+    if share is None or basis is None:
         return None
     # judged on the waits the frames name (sleep, lock, queue, socket): off-CPU time the kernel
     # sees inside torch ops or page faults is real, but another verdict names its cause
@@ -148,15 +171,17 @@ def loop_blocked(sig: Signals) -> Finding | None:
     named = named if isinstance(named, (int, float)) else 0.0
     where = _top_frame(budget, BLOCKED)
     stall, sev = _stall_text(budget, BLOCKED)
-    summary = f"GPU idle {share * 100:.0f}% of the last {_win(budget)} in blocking calls" + (
-        f" in {where}" if where else "") + (f"; {stall}" if stall else "")
+    summary = f"{_idle_words(basis)} {share * 100:.0f}% of the last {_win(budget)} in blocking calls" + (
+        f" in {where}" if where else "") + (f"; {stall}" if stall else "") + (
+        f" ({NO_GPU_BASIS})" if basis == "loop" else "")
     advice = ("The training loop waits on something other than the GPU or its data: move synchronous "
               "calls (metric uploads, RPCs, waiting on a lock or a queue) to a background thread, or make "
               "them less frequent; remove sleeps from the loop.")
     if where:
         advice = f"It waits in {where}. " + advice
     # ranked by the share it judges (the named calls), not by the kernel's off-CPU guess
-    return loop_blocked.spec.finding(level=named / LOOP_BLOCKED_SHARE, lost_share=min(share, named), confidence=0.75,
+    return loop_blocked.spec.finding(level=named / LOOP_BLOCKED_SHARE, lost_share=min(share, named),
+                                     confidence=0.75 if basis == "gpu" else 0.6,
                                      evidence={**_evidence(sig, budget, BLOCKED), "in_blocking_calls_pct": _pct(named),
-                                               **sev}, advice=advice,
+                                               **sev, "judged_on": basis}, advice=advice,
                                      summary=summary)
