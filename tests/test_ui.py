@@ -226,10 +226,10 @@ async def test_number_keys_switch_views(facts):
         live_at_30 = {pid for pid, s in facts["procs"].items() if s.t > 25}
         assert facts["pid"] in keys and live_at_30 <= keys
         text = screen_text(pilot.app)
-        assert f"[{view_key(pilot.app, 'procs')} Processes]" in text and "cgroup memory" in text
+        assert f"[{view_key(pilot.app, 'procs')} Prc]" in text and "cgroup memory" in text  # 80 columns: short names
         await pilot.press(view_key(pilot.app, "threads"))
         await pilot.pause()
-        assert f"[{view_key(pilot.app, 'threads')} Threads]" in screen_text(pilot.app)
+        assert f"[{view_key(pilot.app, 'threads')} Thr]" in screen_text(pilot.app)
         assert len(pilot.app.query_one("#view-threads DataTable").rows) >= 1
         await pilot.press(view_key(pilot.app, "sources"))
         await pilot.pause()
@@ -306,7 +306,7 @@ async def test_no_color_makes_everything_monochrome_and_states_stay_readable(mon
         text = screen_text(pilot.app)
     assert colours and all(_grey(c) for c in colours), sorted(c for c in colours if not _grey(c))
     # states are words, not colours
-    assert "nvml failed" in text and "host ok" in text and "paused" in text and "[1 Overview]" in text
+    assert "nvml failed" in text and "host ok" in text and "paused" in text and "[1 Ovw]" in text
     monkeypatch.delenv("NO_COLOR")
     async with GputopApp(replay_at(30.0)).run_test(size=(80, 24)) as pilot:
         await pilot.pause()

@@ -48,7 +48,7 @@ from textual.widgets import Static
 
 from gputop.ui import fmt
 from gputop.ui.joblog import LogTail
-from gputop.ui.panels import (HELP_SECTIONS, LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics,
+from gputop.ui.panels import (APP_ACTIONS, HELP_SECTIONS, LOAD_PROBLEMS, Panel, ViewSpec, all_panel_metrics,
                               load_panel_modules, panels_for, views)
 from gputop.ui.snapshot import Snapshot
 from gputop.ui.sourceinfo import collect_metric_specs
@@ -169,28 +169,71 @@ def view_number(n: int) -> str:
     return str(n % 10) if n <= 10 else "·"
 
 
+def view_key(n: int, spec: ViewSpec) -> str:
+    """What the tab line shows as the n-th view's key: its number, "s" for the Stall view past
+    the tenth (it has a key of its own), else "·" (reached by tab only)."""
+    if n > 10 and spec.id == "stall":
+        return "s"
+    return view_number(n)
+
+
 class TabLine(Line):
-    """The views and their number keys. Titles are shortened (the current one last) until the
-    line fits: every view stays reachable and named at 80 columns."""
+    """The views and their number keys, in one layout whatever view is current (switching views
+    moves nothing): full names where they fit, else short names (``Prc`` for Processes, declared
+    with ``register_view``), the longest names shortened first; roomy gaps, then closer ones; at
+    worst the line is cut with "…". The current view is in brackets (and reverse video)."""
+
+    def layout(self, specs: list[ViewSpec], width: int) -> tuple[list[str], str]:
+        """The labels ("4 Processes", "4 Prc") and the spacing ("roomy", "close" or "tight") that
+        fit: as few short names as can be (the ones that save the most cells first), roomy
+        before close; then every short name, tight. Nothing here depends on the current view."""
+        full = [f"{view_key(n, s)} {fmt.clean(s.title)}" for n, s in enumerate(specs, 1)]
+        short = [f"{view_key(n, s)} {fmt.clean(s.short_title)}" for n, s in enumerate(specs, 1)]
+        # biggest saving first; a tie shortens the later view first (the first views stay named)
+        order = sorted(range(len(specs)), key=lambda i: (len(short[i]) - len(full[i]), -i))
+        labels = list(full)
+        for k in range(len(specs) + 1):
+            if k:
+                labels[order[k - 1]] = short[order[k - 1]]
+            for spacing in ("roomy", "close"):
+                if self.needs(labels, spacing) <= width:
+                    return labels, spacing
+        return short, "tight"
+
+    @staticmethod
+    def needs(labels: list[str], spacing: str) -> int:
+        """Cells a layout takes: " label " and a gap between tabs (roomy), " label " side by side
+        (close), or one cell between labels and at the ends, the brackets' (tight)."""
+        if spacing == "roomy":
+            return sum(len(x) + 3 for x in labels) - 1
+        if spacing == "close":
+            return sum(len(x) + 2 for x in labels)
+        return sum(len(x) + 1 for x in labels) + 1
 
     def draw(self, specs: list[ViewSpec], current: str, has_data: dict[str, bool], width: int = 80) -> Text:
-        titles = [fmt.clean(s.title) for s in specs]
-        # each tab takes its label + 3 cells (brackets or padding, and a gap), less the last gap
-        while sum(len(x) + 5 for x in titles) - 1 > width:
-            others = [i for i, s in enumerate(specs) if s.id != current and titles[i]]
-            if not others:
-                break
-            longest = max(others, key=lambda i: len(titles[i]))
-            titles[longest] = titles[longest][:-1]  # shorten the longest other title first
-        names = [f"{view_number(n)} {title}".rstrip() for n, title in enumerate(titles, 1)]
+        labels, spacing = self.layout(specs, width)
         t = Text()
-        for spec, label in zip(specs, names):
-            if spec.id == current:
-                t.append(f"[{label}]", style="reverse bold")
-            else:
-                t.append(f" {label} ", style="" if has_data.get(spec.id, True) else "dim")
-            t.append(" ")
-        t.truncate(width)
+        if spacing == "tight":
+            for i, (spec, label) in enumerate(zip(specs, labels)):
+                now = spec.id == current
+                before_now = i + 1 < len(specs) and specs[i + 1].id == current
+                if i == 0:
+                    t.append("[" if now else " ", style="reverse bold" if now else "")
+                t.append(label, style="reverse bold" if now else ("" if has_data.get(spec.id, True) else "dim"))
+                t.append("]" if now else "[" if before_now else " ", style="reverse bold" if now or before_now else "")
+        else:
+            gap = " " if spacing == "roomy" else ""
+            for i, (spec, label) in enumerate(zip(specs, labels)):
+                if i:
+                    t.append(gap)
+                if spec.id == current:
+                    t.append(f"[{label}]", style="reverse bold")
+                else:
+                    t.append(f" {label} ", style="" if has_data.get(spec.id, True) else "dim")
+            if t.cell_len < width:
+                t.append(gap)
+        if t.cell_len > width:
+            t.truncate(width, overflow="ellipsis")
         return t
 
 
@@ -305,6 +348,8 @@ class GputopApp(App[int]):
         Binding("shift+tab", "prev_view", "Previous view", show=False, priority=True),
         *[Binding(view_number(n), f"view({n})", f"View {n}", show=False) for n in range(1, 11)],
         Binding("s", "view_id('stall')", "Stall view", show=False),
+        # every view; live it says in a line that jumping needs a replay (panels/verdicts.py)
+        Binding("j", "jump_primary", "Jump to the primary verdict's start", show=False, priority=True),
         Binding("space", "toggle_play", "Play/pause", key_display="space", priority=True),
         Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
         Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
@@ -334,6 +379,8 @@ class GputopApp(App[int]):
         ids = [v.id for v in self.view_specs]
         self.current_view = start_view if start_view in ids else ids[0]
         self.panels: dict[str, list[Panel]] = {v.id: [cls() for cls in panels_for(v.id)] for v in self.view_specs}
+        # panels that keep track of something at every draw, their view shown or not (Panel.follow)
+        self._followers = [p for ps in self.panels.values() for p in ps if type(p).follow is not Panel.follow]
         self.snapshot: Snapshot | None = None
         self._drawn_view: str | None = None
         self._drawn_second: int | None = None  # the session clock's whole second at the last draw
@@ -451,6 +498,8 @@ class GputopApp(App[int]):
             banner.show(text)
         if self._replay_bar is not None:
             self._replay_bar.show(self._replay_bar.draw(snap, width))
+        for panel in self._followers:  # also while the terminal is too small: they must not miss a second
+            panel.follow(snap)
         if self._small:
             return
         has_data = {}
@@ -562,6 +611,8 @@ class GputopApp(App[int]):
             ("home end", "start / end of the recording (also g G)"),
             (", .", f"step back / forward {STEP_S:g} s (pauses)"),
             ("- +", "slower / faster: 0.25x 0.5x 1x 2x 4x 8x 16x"),
+            ("j", "to when the primary verdict became the primary, in every view (live: a line says it "
+                  "needs a replay)"),
         ], 14))
         parts.append(Text("Symbols", style="bold underline"))
         parts.append(table([
@@ -595,7 +646,20 @@ class GputopApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:
             return self.session.playback is not None and not isinstance(self.screen, HelpScreen)
+        if action == "jump_primary":
+            return not isinstance(self.screen, HelpScreen)
         return True
+
+    def action_jump_primary(self) -> None:
+        """``j``, in every view: what the verdict panels registered for it (jump to where the
+        primary verdict became the primary; live, a line that says jumping needs a replay)."""
+        jump = APP_ACTIONS.get("jump_primary")
+        if jump is None:
+            self.notify("j jumps to the primary verdict's start, but this build has no verdict panels",
+                        severity="warning")
+            return
+        if self.snapshot is not None and not self._small:
+            jump(self, self.snapshot)
 
     def _playback(self):
         return self.session.playback

@@ -7,9 +7,11 @@ How to add a panel (no edit of the app needed)
    reported on the help screen and the rest of the UI still starts.
 2. If your panel needs a view of its own, register it once::
 
-       register_view("mine", "Mine", order=60)
+       register_view("mine", "Mine", order=60, short="Mine")
 
    Views are listed in ``order`` in the tab line; number keys 1-9 (then 0) follow that order.
+   ``short`` (3-4 letters, unique) is the view's name when the full names do not fit in the
+   terminal's width.
    Taken: overview 10, verdicts 15, gpus 20, procs 30, threads 40, stacks 45, steps 50 (probe.py),
    ranks 55, time 85 (budget.py), sources 90 (gputop/ui/README.md lists them with their modules).
 3. Subclass ``TextPanel`` (text out) or ``Panel`` (your own widgets, e.g. a DataTable) and
@@ -38,7 +40,8 @@ The overview's top (ORDER 0-9) is reserved for the verdict strip (issue 5: prima
 evidence, advice): register it with ``VIEW = "overview"`` and ``ORDER = 0``.
 
 A panel with keys of its own sets ``FOCUS_ON_SHOW = True`` (and ``can_focus = True``, and
-``BINDINGS``): it gets the keyboard when its view opens. A module can add a section to the help
+``BINDINGS``): it gets the keyboard when its view opens. A panel that overrides ``follow(snap)``
+is called at every draw, its view shown or not (cheap bookkeeping, no drawing). A module can add a section to the help
 screen with ``register_help_section(title, [(term, meaning), ...])``.
 """
 
@@ -57,24 +60,41 @@ from gputop.model import MetricSpec
 from gputop.ui.snapshot import Snapshot
 
 
+SHORT_MAX = 5  # a view without a short name keeps a title this short; a longer one is cut to 4 cells
+
+
 @dataclass(frozen=True)
 class ViewSpec:
     id: str
     title: str
     order: int
     only_if: Callable[[Any], bool] | None = None  # given the app: whether this view exists
+    short: str = ""  # the tab line's name when the full names do not fit (3-4 letters, unique)
+
+    @property
+    def short_title(self) -> str:
+        """``short``, else the title if it is short already, else its first letters and "…"."""
+        if self.short:
+            return self.short
+        return self.title if len(self.title) <= SHORT_MAX else self.title[:3] + "…"
 
 
 _VIEWS: dict[str, ViewSpec] = {}
 _PANELS: list[type["Panel"]] = []
 LOAD_PROBLEMS: list[str] = []
 HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = []
+# app-wide key actions a panel module provides: name -> fn(app, snapshot); the app binds the key
+# (``j``: "jump_primary", panels/verdicts.py)
+APP_ACTIONS: dict[str, Callable[[Any, Snapshot], None]] = {}
 
 
 def register_view(view_id: str, title: str, order: int,
-                  only_if: Callable[[Any], bool] | None = None) -> ViewSpec:
-    """A view; ``only_if(app)`` False leaves it out of that app (e.g. Output without a job log)."""
-    spec = ViewSpec(view_id, title, order, only_if)
+                  only_if: Callable[[Any], bool] | None = None, short: str = "") -> ViewSpec:
+    """A view; ``only_if(app)`` False leaves it out of that app (e.g. Output without a job log).
+    ``short`` is its name in a tab line too narrow for the full names ("Prc" for "Processes"):
+    3 or 4 letters that read as the title and differ from the other views' (without one, the
+    title's first letters and "…")."""
+    spec = ViewSpec(view_id, title, order, only_if, short)
     _VIEWS[view_id] = spec
     return spec
 
@@ -89,6 +109,11 @@ def register_help_section(title: str, rows: list[tuple[str, str]]) -> None:
     """A section of the help screen (after the built-in ones): a title, then term: meaning rows."""
     HELP_SECTIONS[:] = [(t, r) for t, r in HELP_SECTIONS if t != title]
     HELP_SECTIONS.append((title, list(rows)))
+
+
+def register_app_action(name: str, fn: Callable[[Any, Snapshot], None]) -> None:
+    """What an app-wide key does in every view (the app's binding calls ``fn(app, snapshot)``)."""
+    APP_ACTIONS[name] = fn
 
 
 def views() -> list[ViewSpec]:
@@ -153,6 +178,11 @@ class Panel(Widget):
 
     def update_view(self, snap: Snapshot) -> None:
         self.last_snapshot = snap
+
+    def follow(self, snap: Snapshot) -> None:
+        """Called at every draw, also while the panel's view is hidden, for a panel that must not
+        miss what the store forgets after 300 s (the verdict strip follows the primary verdict's
+        changes). Cheap, no drawing. Default: nothing (and the app does not call it)."""
 
     def on_resize(self) -> None:
         if self.last_snapshot is not None and self.display:

@@ -13,7 +13,7 @@ from gputop.ui.panels.overview import STYLE_BAD, STYLE_LABEL, STYLE_SPARK, STYLE
 from gputop.ui.snapshot import Snapshot
 from gputop.ui.sourceinfo import clock_events_text
 
-register_view("gpus", "GPUs", order=20)
+register_view("gpus", "GPUs", order=20, short="GPU")
 
 LABEL_W = 15
 VALUE_W = 16

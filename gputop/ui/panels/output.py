@@ -11,7 +11,8 @@ from gputop.ui.joblog import MAX_LINES
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
 
-register_view("output", "Output", order=95, only_if=lambda app: getattr(app, "job_log", None) is not None)
+register_view("output", "Output", order=95, only_if=lambda app: getattr(app, "job_log", None) is not None,
+              short="Out")
 
 
 @register_panel

@@ -14,7 +14,7 @@ from gputop.ui.procview import process_rows, tree_name
 from gputop.ui.snapshot import Snapshot
 from gputop.ui.sourceinfo import clock_events_text
 
-register_view("overview", "Overview", order=10)
+register_view("overview", "Overview", order=10, short="Ovw")
 
 STYLE_LABEL = "bold"
 STYLE_BAD = "bold red"

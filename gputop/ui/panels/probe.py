@@ -24,7 +24,7 @@ from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
 
-register_view("steps", "Steps", order=50)
+register_view("steps", "Steps", order=50, short="Stp")
 
 STALE_S = 3.0
 STYLE_WAIT, STYLE_GPU, STYLE_OTHER = "yellow", "green", "cyan"

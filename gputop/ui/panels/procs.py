@@ -14,7 +14,7 @@ from gputop.ui.panels.overview import STYLE_LABEL, STYLE_SPARK, STYLE_WARN
 from gputop.ui.procview import ProcRow, process_rows, tree_name
 from gputop.ui.snapshot import Snapshot
 
-register_view("procs", "Processes", order=30)
+register_view("procs", "Processes", order=30, short="Prc")
 
 
 @dataclass(frozen=True)

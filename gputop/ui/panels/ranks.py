@@ -18,7 +18,7 @@ from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.panels.procs import Column, KeyedTable
 from gputop.ui.snapshot import Snapshot
 
-register_view("ranks", "Ranks", order=55)
+register_view("ranks", "Ranks", order=55, short="Rnk")
 
 MAX_EXITED_ROWS = 16    # ended rank processes shown (newest first); elastic restarts add many
 STYLE_LABEL, STYLE_WARN, STYLE_DIM = "bold", "yellow", "dim"

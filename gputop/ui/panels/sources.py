@@ -13,7 +13,7 @@ from gputop.ui.panels import LOAD_PROBLEMS, TextPanel, register_panel, register_
 from gputop.ui.panels.overview import STYLE_BAD, STYLE_LABEL, STYLE_WARN
 from gputop.ui.snapshot import Snapshot, key_order
 
-register_view("sources", "Sources", order=90)
+register_view("sources", "Sources", order=90, short="Src")
 
 HEALTH_STYLE = {"ok": "green", "degraded": STYLE_WARN, "failed": STYLE_BAD, "off": "dim"}
 

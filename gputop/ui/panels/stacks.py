@@ -16,7 +16,7 @@ from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
 
-register_view("stacks", "Stacks", order=45)
+register_view("stacks", "Stacks", order=45, short="Stk")
 
 STALE_S = 15.0  # a thread not in the last processor run for this long is gone
 

@@ -27,7 +27,7 @@ def has_stall_view(app) -> bool:
     return isinstance(sources, dict) and "stall_snapshot" in sources
 
 
-register_view(VIEW_ID, "Stall", order=96, only_if=has_stall_view)
+register_view(VIEW_ID, "Stall", order=96, only_if=has_stall_view, short="Stl")
 
 
 @register_panel

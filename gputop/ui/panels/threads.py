@@ -7,7 +7,7 @@ from gputop.ui.panels import register_panel, register_view
 from gputop.ui.panels.procs import Column, KeyedTable
 from gputop.ui.snapshot import Snapshot
 
-register_view("threads", "Threads", order=40)
+register_view("threads", "Threads", order=40, short="Thr")
 
 GONE_AFTER_S = 4.0   # no thread sample for this long: gone (the host's 1 Hz gaps reach 3 s)
 FORGET_AFTER_S = 60.0

@@ -5,14 +5,18 @@ keeps 300 s, and a seek back clears it). One pass over the recording
 (``Snapshot.replay_whole_file``, gputop/session/whole_replay.py) runs in a Textual worker
 thread and reports by messages (``Progress``, ``Done``, ``Failed``); meanwhile the panel says
 "Reading the whole recording… N%" and lists the changes seen while playing. The pass gives both
-the recomputed changes and the recorded ones. A live session shows the changes its store holds
-(the last five minutes at least).
+the recomputed changes and the recorded ones. A live session shows every change since its
+verdicts started (verdicts.SessionVerdicts follows them past the store's 300 s).
+
+The rows are each verdict's on and off, and each change of the primary verdict ("primary"): the
+strip's story, so that its "for N s" counts from the latest "on … primary" row at or before the
+position (when it is the same verdict) and its "no verdict now" is the latest "off … primary".
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual import work
@@ -21,11 +25,12 @@ from textual.worker import Worker, get_current_worker
 
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel
-from gputop.ui.panels.verdicts import (STYLE_DIM, STYLE_LABEL, Change, JumpsToPrimary, change_of, has_verdicts,
-                                       jump_to, severity_style, severity_word, store_changes)
+from gputop.ui.panels.verdicts import (STYLE_DIM, STYLE_LABEL, Change, change_of, has_verdicts,
+                                       jump_to, primary_changes, session_verdicts, severity_style, severity_word)
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts import default_processors
 from gputop.verdicts.engine import KIND_VERDICT_CHANGE as KIND_CHANGE
+from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,13 @@ class WholeFileTimeline:
     covers_to: float | None   # how far into the file the pass got
     error: str | None
     seconds: float            # how long the pass took
+    primary: list[Change] = field(default_factory=list)           # the primary's changes, recomputed
+    recorded_primary: list[Change] = field(default_factory=list)  # ... and as recorded
+
+
+def in_order(*lists: list[Change]) -> list[Change]:
+    """Changes in time order; at one time a verdict's on comes before its becoming the primary."""
+    return sorted((c for cs in lists for c in cs), key=lambda c: (c.t, c.primary, c.id))
 
 
 class _WorkerCancelled:
@@ -52,7 +64,7 @@ class _WorkerCancelled:
 
 
 @register_panel
-class VerdictTimeline(JumpsToPrimary, TextPanel):
+class VerdictTimeline(TextPanel):
     """When each verdict turned on and off; in a replay, enter jumps to the chosen change."""
 
     VIEW = "verdicts"
@@ -62,7 +74,7 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
     FOCUS_ON_SHOW = True
     can_focus = True
     BINDINGS = [("up", "move(-1)", "Previous change"), ("down", "move(1)", "Next change"),
-                ("enter", "jump", "Jump there"), ("j", "jump_primary", "Jump to the primary's start")]
+                ("enter", "jump", "Jump there")]  # j, to the primary's start, is the app's (every view)
     REOPEN_GAP_S = 3.0  # no draw for this long: the view was closed (a growing file: read it again)
 
     class Progress(Message):
@@ -126,8 +138,11 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
 
     def action_jump(self) -> None:
         snap = self.last_snapshot
-        if snap is None or snap.playback is None or self.selected is None:
-            self.app.bell()  # a live session cannot move in time
+        if snap is None or snap.playback is None:
+            self.app.notify("enter jumps in a replay only: a live session cannot go back", severity="warning")
+            return
+        if self.selected is None:
+            self.app.bell()  # nothing to jump to yet
             return
         jump_to(snap.playback, self.selected[1].t)
         self.app.redraw_now()
@@ -188,14 +203,17 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
                 self.post_message(self.Progress(fraction))
 
         try:
-            got = snap.replay_whole_file(default_processors(), (KIND_CHANGE, snap.recorded_kind(KIND_CHANGE)),
-                                         progress=progress, cancel=_WorkerCancelled(worker))
+            kinds = (KIND_CHANGE, snap.recorded_kind(KIND_CHANGE), KIND_PRIMARY, snap.recorded_kind(KIND_PRIMARY))
+            got = snap.replay_whole_file(default_processors(), kinds, progress=progress,
+                                         cancel=_WorkerCancelled(worker))
             if got is None or got.cancelled or worker.is_cancelled:
                 return
             self.post_message(self.Done(WholeFileTimeline(
                 recomputed=[change_of(s) for s in got.of_kind(KIND_CHANGE)],
                 recorded=[change_of(s) for s in got.recorded(KIND_CHANGE)],
-                covers_to=got.covers_to, error=got.error, seconds=got.seconds)))
+                covers_to=got.covers_to, error=got.error, seconds=got.seconds,
+                primary=primary_changes(got.of_kind(KIND_PRIMARY)),
+                recorded_primary=primary_changes(got.recorded(KIND_PRIMARY)))))
         except Exception as e:
             if not worker.is_cancelled:
                 self.post_message(self.Failed(f"{type(e).__name__}: {e}"))
@@ -207,6 +225,8 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
 
     def on_verdict_timeline_done(self, message: Done) -> None:
         self.timeline, self.reading = message.timeline, None
+        if self.last_snapshot is not None:  # the strip's "for N s" and j read the whole file's primary too
+            session_verdicts(self.last_snapshot).whole = message.timeline
         self._redraw_if_shown()
 
     def on_verdict_timeline_failed(self, message: Failed) -> None:
@@ -221,9 +241,11 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
 
     def sections(self, snap: Snapshot) -> list[tuple[str, list[Change]]]:
         replay = self._start_pass_if_due(snap)
-        seen = store_changes(snap, KIND_CHANGE)
+        known = session_verdicts(snap)
+        known.follow(snap)
+        seen = in_order(known.changes, known.primary.changes)
         if not replay:
-            return [("Live session: the changes of the last five minutes (at least)", seen)]
+            return [("Live session: every change since its verdicts started", seen)]
         tl = self.timeline
         if tl is None:
             return [(f"Reading the whole recording… {(self.reading or 0.0) * 100:.0f}%; meanwhile the changes seen "
@@ -231,8 +253,9 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
         if tl.error:
             return [(f"Reading the recording failed ({tl.error}); the changes seen while playing", seen)]
         so_far = ", so far" if snap.playback.growing else ""
-        return [(f"Recomputed by this gputop's rules from the raw samples (whole recording{so_far})", tl.recomputed),
-                (f"Recorded by the live session (whole recording{so_far})", tl.recorded)]
+        return [(f"Recomputed by this gputop's rules from the raw samples (whole recording{so_far})",
+                 in_order(tl.recomputed, tl.primary)),
+                (f"Recorded by the live session (whole recording{so_far})", in_order(tl.recorded, tl.recorded_primary))]
 
     # -- drawing ------------------------------------------------------------------------------
     def draw(self, snap: Snapshot, width: int) -> Text:
@@ -246,7 +269,7 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
             self.selected = before[-1] if before else first[0]
         out = Text()
         if snap.playback is not None:
-            out.append("↑↓ choose · enter: jump the replay there · j: to the primary verdict's start", style=STYLE_DIM)
+            out.append("↑↓ choose · enter: jump the replay there · j: to where the primary became it", style=STYLE_DIM)
         else:
             out.append("a live session: the timeline only (jumping needs a replay)", style=STYLE_DIM)
         row, self._row_of = 0, []
@@ -274,15 +297,24 @@ class VerdictTimeline(JumpsToPrimary, TextPanel):
         else:
             t.append("off ")
         t.append(fmt.clean(c.id).ljust(20), style="bold")
-        if c.active:
+        if c.primary:  # the primary's changes: "primary" where a verdict's row has its severity
+            t.append(" " + "primary".ljust(8), style=STYLE_LABEL)
+            if c.active:
+                if c.before:
+                    t.append(f" after {fmt.clean(c.before)}")
+                t.append("  " + c.title, style=STYLE_DIM)
+            else:
+                t.append(" none now" + (f": {c.why}" if c.why else ""))
+        elif c.active:
             t.append(" " + severity_word(c.severity).ljust(8), style=severity_style(c.severity))
             if c.since is not None:
                 t.append(f" held from {fmt.duration(c.since)}")
+            t.append("  " + c.title, style=STYLE_DIM)
         else:
             t.append(" ended   ")
             if c.since is not None:
                 t.append(f" on since {fmt.duration(c.since)}")
-        t.append("  " + c.title, style=STYLE_DIM)
+            t.append("  " + c.title, style=STYLE_DIM)
         if selected:
             t.stylize("reverse")
         elif snap.playback is not None and c.t > snap.now + 1e-6:

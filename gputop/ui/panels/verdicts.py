@@ -1,30 +1,36 @@
 """Verdicts in the UI: the strip at the top of the overview and the Verdicts view.
 
 - Overview, ORDER 0 (the reserved top): the primary verdict in one or two lines with its
-  severity in colour *and* words, how long it has held, its confidence, the other active
-  verdicts, and its advice on the next line (clipped). Before the first verdict it says that it
-  is collecting evidence and which sources have not reported yet.
+  severity in colour *and* words, how long it has been the primary ("for N s": it starts again
+  when the primary changes), what fixing it would gain, its confidence, the other active
+  verdicts, and its advice on the next line (clipped). Without a primary it says why (the
+  engine's "why": collecting evidence, warming up, start-up, no rule holds...).
 - The "Verdicts" view: the primary verdict in full (evidence as a table, advice wrapped,
-  confidence and missing sources), every other active verdict, and the timeline of verdict
-  changes. In a replay, ↑ ↓ choose a change and enter jumps to it; ``j`` (here and on the
-  overview) jumps to the moment the primary verdict turned on.
+  confidence and missing sources), every other active verdict, the engine's notes (causes that
+  hold but cost no GPU time), and the timeline: each verdict's on and off, and each change of the
+  primary (the strip's story, row by row). In a replay, ↑ ↓ choose a change and enter jumps to
+  it; ``j`` (in every view) jumps to where the primary became the primary.
 
 Where the numbers come from: ``verdict``, ``verdict_primary`` and ``verdict_change`` samples
 (gputop/verdicts/engine.py). A replay recomputes them from the raw samples, so what the strip
 shows is this gputop's judgement; the live session's own verdicts stay in the file as
-``<kind>@recorded``. The timeline panel is in verdict_timeline.py.
+``<kind>@recorded``. The timeline panel is in verdict_timeline.py. The store keeps 300 s, so
+what the panels tell about the primary comes from ``SessionVerdicts``: the changes followed at
+every draw since the session's engine (re)started, and in a replay the whole file's, once the
+timeline's pass has read it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
 
 from gputop.ui import fmt
-from gputop.ui.panels import TextPanel, register_help_section, register_panel, register_view
+from gputop.ui.panels import TextPanel, register_app_action, register_help_section, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
 from gputop.verdicts.causal import gain_text
 from gputop.verdicts.engine import ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE as KIND_CHANGE
@@ -32,7 +38,7 @@ from gputop.verdicts.engine import KIND_VERDICT_PRIMARY as KIND_PRIMARY
 from gputop.verdicts.engine import VerdictEngine
 from gputop.verdicts.registry import specs as verdict_specs
 
-register_view("verdicts", "Verdicts", order=15)
+register_view("verdicts", "Verdicts", order=15, short="Vrd")
 
 SEVERITY_WORD = {"info": "INFO", "warning": "WARNING", "critical": "CRITICAL"}
 SEVERITY_STYLE = {"info": "bold green", "warning": "bold yellow", "critical": "bold red"}
@@ -55,7 +61,8 @@ VERDICT_MEANINGS = {s.id: s.meaning for s in sorted(verdict_specs(), key=lambda 
 register_help_section("Verdicts (what gputop concludes; docs/verdicts.md has the thresholds)", [
     ("● WARNING id", "the primary verdict: the active one that costs the most step time (colour repeats the "
                      "word: INFO green, WARNING yellow, CRITICAL red)"),
-    ("j", "replay: jump to when the primary verdict turned on (overview and Verdicts view)"),
+    ("j", "replay: jump to when the primary verdict became the primary (where its \"for N s\" counts from), "
+          "in every view; live it says that jumping needs a replay"),
     ("↑ ↓ enter", "Verdicts view: choose a change in the timeline; enter jumps the replay there"),
     *VERDICT_MEANINGS.items(),
 ])
@@ -94,18 +101,20 @@ def severity_word(sev) -> str:
     return SEVERITY_WORD.get(str(sev), fmt.clean(sev or "?").upper())
 
 
-def held_for(seconds) -> str:
-    """"for 42 s", "for 12 min", "for 2 h 05 min"."""
+def held_for(seconds, at_least: bool = False) -> str:
+    """"for 42 s", "for 12 min", "for 2 h 05 min"; ``at_least``: "for ≥ 42 s" (what came
+    before is not known: a replay's verdicts start again after a seek)."""
     s = fmt.to_float(seconds)
     if s is None:
         return ""
     s = max(0.0, s)
+    word = "for ≥" if at_least else "for"
     if s < 90:
-        return f"for {s:.0f} s"
+        return f"{word} {s:.0f} s"
     if s < 5400:
-        return f"for {s / 60:.0f} min"
+        return f"{word} {s / 60:.0f} min"
     h, m = divmod(int(s // 60), 60)
-    return f"for {h} h {m:02d} min"
+    return f"{word} {h} h {m:02d} min"
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,20 @@ def active_verdicts(snap: Snapshot) -> dict[str, dict]:
     for vid, s in snap.latest_of_kind(KIND_VERDICT).items():
         if s.get("active") and snap.now - s.t <= STALE_S:
             out[vid] = s.data
+    return out
+
+
+def notes_of(snap: Snapshot) -> list[tuple[str, str]]:
+    """The engine's notes now (the primary sample's "notes": [{"id", "text"}]): causes that hold
+    but are not verdicts, because the GPU stays busy regardless (verdicts/causal.py)."""
+    s = snap.latest(KIND_PRIMARY, "primary")
+    if s is None or (snap.playback is None and snap.now - s.t > STALE_S):
+        return []
+    notes = s.get("notes")
+    out = []
+    for n in notes if isinstance(notes, (list, tuple)) else []:
+        if isinstance(n, dict) and n.get("text"):
+            out.append((fmt.clean(n.get("id") or "?"), fmt.clean(n.get("text"))))
     return out
 
 
@@ -172,66 +195,79 @@ def headline(vid: str, data: dict, width: int, max_lines: int = 3) -> list[Text]
     return lines
 
 
-def verdict_facts(vid: str, data: dict, now: float) -> list[str]:
-    """"for 27 s", "confidence 90%", "costs ~97% of step time", "missing: probe"."""
+def verdict_facts(vid: str, data: dict, now: float, run: "PrimaryRun | None" = None) -> list[str]:
+    """"for 27 s", "fixing this: up to +25% steps/s", "confidence 90%", "costs ~97% of step time",
+    "missing: probe". With ``run`` (the primary's) "for" is how long it has been the primary,
+    else how long the verdict has been on."""
     out = []
-    since = fmt.to_float(data.get("since"))
-    if since is not None:
-        out.append(held_for(now - since))
+    if run is not None:
+        out.append(held_for(now - run.start, run.at_least))
+    else:
+        since = fmt.to_float(data.get("since"))
+        if since is not None:
+            out.append(held_for(now - since))
+    gain = fmt.to_float(data.get("gain"))
+    if gain is not None and gain > 0:
+        out.append(gain_text(gain))
     conf = fmt.to_float(data.get("confidence"))
     if conf is not None:
         out.append(f"confidence {conf * 100:.0f}%")
     lost = fmt.to_float(data.get("lost_share"))
     if lost is not None and lost > 0:
         out.append(f"costs ~{lost * 100:.0f}% of step time")
-    gain = fmt.to_float(data.get("gain"))
-    if gain is not None and gain > 0:
-        out.append(gain_text(gain))
     missing = names(data.get("missing"))
     if missing:
         out.append("missing: " + ", ".join(missing))
     return out
 
 
-def no_verdict_text(snap: Snapshot, width: int) -> Text:
-    """What the strip says while there is no primary verdict: the engine failed, it is still
-    collecting evidence (and which sources have not reported), or nothing holds now."""
-    t = Text()
+COLLECTING = ("collecting evidence", "no samples yet")  # the engine's "why" before it can judge
+
+
+def no_verdict_lines(snap: Snapshot, width: int, max_lines: int = 2) -> list[Text]:
+    """What the strip says while there is no primary verdict: the engine failed; it is still
+    collecting evidence (and which sources have not reported); else the engine's reason (the
+    primary sample's "why": warming up, start-up, no rule holds and where the time went), and
+    which verdict was the primary until when (the timeline's latest "off")."""
     h = snap.health().get("verdicts")
     if h is not None and h.get("state") == "failed":
+        t = Text()
         t.append("verdicts failed", style=STYLE_BAD)
         if h.get("message"):
             t.append(": " + fmt.clean(h.get("message")))
-        t.truncate(width, overflow="ellipsis")
-        return t
+        return [fmt.fit(t, width)]
     seen_any = any(s.get("active") for s in snap.latest_of_kind(KIND_VERDICT).values())
-    primary = snap.latest(KIND_PRIMARY, "primary")
-    why = primary.get("why") if primary is not None else None
-    if isinstance(why, str) and why.startswith("no GPU counters"):
-        # nothing for the rules to judge on this job: say so rather than "collecting" forever
-        t.append("○ no verdict: ", style="bold")
-        t.append(fmt.clean(why))
-        t.truncate(width, overflow="ellipsis")
-        return t
-    if KIND_PRIMARY not in snap.kinds or not seen_any:
+    sample = snap.latest(KIND_PRIMARY, "primary")
+    why = fmt.clean(sample.get("why")) if sample is not None and isinstance(sample.get("why"), str) else ""
+    t = Text()
+    if not why.startswith("no GPU counters") and (
+            KIND_PRIMARY not in snap.kinds or why in COLLECTING or why.startswith("waiting for")
+            or (not why and not seen_any)):
         t.append("○ collecting evidence…", style="bold")
         pending = pending_sources(snap)
-        if pending:
+        if why.startswith("waiting for"):
+            t.append(" " + why)
+        elif pending:
             t.append(" waiting for " + ", ".join(pending))
         elif KIND_PRIMARY not in snap.kinds:
             t.append(" the verdict engine has not run yet")
         else:
             t.append(f" no rule has held for {ENTER_S:g} s yet")
-    else:
+    elif why:
+        t.append("○ no verdict now: ", style="bold")
+        t.append(why)
+    else:  # a file from a gputop whose engine gave no reason
         t.append("○ no verdict holds now", style="bold")
-        ended = [(s.t, vid) for vid, s in snap.latest_of_kind(KIND_VERDICT).items() if not s.get("active")]
-        if ended:
-            tt, vid = max(ended)
-            t.append(f" ({fmt.clean(vid)} ended at {fmt.duration(tt)})")
+    last = session_verdicts(snap).last_off(snap)
+    if last is not None:
+        t.append(f" ({fmt.clean(last.id)} was the primary until {fmt.duration(last.t)})", style=STYLE_DIM)
     if origin(snap) == "recorded":
         t.append("  (recorded verdicts)", style=STYLE_DIM)
-    t.truncate(width, overflow="ellipsis")
-    return t
+    return fmt.wrap(t, width, max_lines, indent=2)
+
+
+def no_verdict_text(snap: Snapshot, width: int) -> Text:
+    return Text("\n").join(no_verdict_lines(snap, width))
 
 
 # -- jumping in a replay --------------------------------------------------------------------------
@@ -265,6 +301,10 @@ class Change:
     title: str
     severity: str | None
     since: float | None       # when its rule first held (the engine's "since")
+    primary: bool = False     # a change of the primary verdict: ``id`` became it (active), or it
+                              # stopped being it with none after (not active: ``why`` says why)
+    why: str = ""
+    before: str | None = None  # the primary it replaced
 
 
 def change_of(s) -> Change:
@@ -278,65 +318,206 @@ def store_changes(snap: Snapshot, kind: str) -> list[Change]:
     return sorted((change_of(s) for ss in got.values() for s in ss), key=lambda c: (c.t, c.id))
 
 
+def _primary_id(s) -> str | None:
+    vid = s.get("id")
+    return fmt.clean(vid) if isinstance(vid, str) and vid else None
+
+
+class PrimaryChanges:
+    """The changes of the primary verdict in a series of ``verdict_primary`` samples, fed in time
+    order: one when a verdict becomes the primary, one when the primary goes with none after."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+        self.current: str | None = None
+
+    def add(self, s) -> None:
+        vid = _primary_id(s)
+        if vid == self.current:
+            return
+        if vid is not None:
+            self.changes.append(Change(s.t, vid, True, fmt.clean(s.get("title") or vid), s.get("severity"),
+                                       fmt.to_float(s.get("since")), primary=True, before=self.current))
+        else:
+            was = next((c for c in reversed(self.changes) if c.active), None)
+            self.changes.append(Change(s.t, self.current or "", False, was.title if was else "",
+                                       was.severity if was else None, None, primary=True,
+                                       why=fmt.clean(s.get("why") or "")))
+        self.current = vid
+
+
+def primary_changes(samples) -> list[Change]:
+    pc = PrimaryChanges()
+    for s in samples:
+        pc.add(s)
+    return pc.changes
+
+
+RESTART_SLACK_S = 2.5  # a replay whose verdicts (re)started this soon after the file's start saw all of it
+
+
+@dataclass(frozen=True)
+class PrimaryRun:
+    id: str
+    start: float        # since when it has been the primary
+    at_least: bool      # it may have been the primary before (a replay's verdicts restart at a seek)
+
+
+@dataclass
+class SessionVerdicts:
+    """What the verdict panels know of a session beyond the store's 300 s: the primary's changes
+    and the verdicts' changes since the session's engine (re)started, followed from the store at
+    every draw (``follow``; a replay's seek restarts its store and engine, and this with them);
+    in a replay also the whole file's (``whole``, the timeline's pass, once it has read it)."""
+
+    primary: PrimaryChanges = field(default_factory=PrimaryChanges)
+    changes: list[Change] = field(default_factory=list)
+    whole: Any = None              # verdict_timeline.WholeFileTimeline of this file
+    restarted_at: float | None = None   # the first primary sample followed since the (re)start
+    _last: Any = None              # the newest primary sample followed
+    _changes_to: float = -math.inf
+
+    def follow(self, snap: Snapshot) -> None:
+        last = self._last
+        store = snap.store
+        seq = store.series(KIND_PRIMARY, "primary", last.t if last is not None else None)
+        if last is not None:
+            if seq and seq[0] is last:
+                seq = seq[1:]
+            else:  # what was followed is gone: the store restarted (a replay's seek)
+                self.primary, self.changes, self._changes_to, self._last = PrimaryChanges(), [], -math.inf, None
+                self.restarted_at = None
+                seq = store.series(KIND_PRIMARY, "primary")
+        for s in seq:
+            if self.restarted_at is None:
+                self.restarted_at = s.t
+            self.primary.add(s)
+        if seq:
+            self._last = seq[-1]
+        got = store.window(KIND_CHANGE, self._changes_to)
+        new = sorted((change_of(s) for ss in got.values() for s in ss if s.t > self._changes_to),
+                     key=lambda c: (c.t, c.id))
+        if new:
+            self.changes.extend(new)
+            self._changes_to = new[-1].t
+
+    def whole_primary(self) -> list[Change] | None:
+        tl = self.whole
+        return getattr(tl, "primary", None) if tl is not None and not getattr(tl, "error", None) else None
+
+    def run(self, snap: Snapshot, vid: str) -> PrimaryRun | None:
+        """Since when ``vid`` has been the primary: the whole file's run when the timeline's pass
+        read it and agrees, else this engine's (at least that long when it is the first run
+        since a replay's verdicts restarted mid-file)."""
+        self.follow(snap)
+        whole = self.whole_primary()
+        if whole:
+            before = [c for c in whole if c.t <= snap.now + 1e-6]
+            if before and before[-1].active and before[-1].id == vid:
+                return PrimaryRun(vid, before[-1].t, False)
+        ons = [c for c in self.primary.changes if c.active]
+        if not ons or ons[-1].id != vid or self.primary.current != vid:
+            return None
+        pb = snap.playback
+        restarted_mid = (pb is not None and self.restarted_at is not None
+                         and self.restarted_at > pb.t_start + RESTART_SLACK_S)
+        return PrimaryRun(vid, ons[-1].t, self.primary.changes[0] is ons[-1] and restarted_mid)
+
+    def last_off(self, snap: Snapshot) -> Change | None:
+        """The primary's latest change, if it was its end (no primary since)."""
+        self.follow(snap)
+        whole = self.whole_primary()
+        if whole:
+            before = [c for c in whole if c.t <= snap.now + 1e-6]
+            if before:
+                return before[-1] if not before[-1].active and before[-1].id else None
+        ch = self.primary.changes
+        return ch[-1] if ch and not ch[-1].active and ch[-1].id else None
+
+
+_SESSIONS: "weakref.WeakKeyDictionary[Any, SessionVerdicts]" = weakref.WeakKeyDictionary()
+
+
+def session_verdicts(snap: Snapshot) -> SessionVerdicts:
+    """The SessionVerdicts of the snapshot's session (one per session, kept while it lives)."""
+    key = snap.session
+    try:
+        got = _SESSIONS.get(key)
+        if got is None:
+            got = _SESSIONS[key] = SessionVerdicts()
+    except TypeError:  # a session that cannot be weakly referenced: remember nothing between draws
+        got = SessionVerdicts()
+    return got
+
+
 # -- the panels -------------------------------------------------------------------------------------
 
-class JumpsToPrimary:
-    """``j``: jump the replay to when the primary verdict turned on."""
+def jump_to_primary(app, snap: Snapshot | None) -> None:
+    """``j`` in every view: in a replay, jump to where the primary verdict became the primary
+    (where the strip's "for N s" counts from); live, say in a line that jumping needs a replay;
+    never nothing."""
+    if snap is None:
+        return
+    if snap.playback is None:
+        app.notify("j jumps in a replay only: a live session cannot go back", severity="warning")
+        return
+    p = primary(snap)
+    run = session_verdicts(snap).run(snap, p.id) if p is not None else None
+    if run is None:
+        app.notify(f"no primary verdict at {fmt.duration(snap.now)} yet: play on, or pick a change in the "
+                   "Verdicts view's timeline", severity="warning")
+        return
+    jump_to(snap.playback, run.start)
+    app.redraw_now()
+    if run.at_least:
+        app.notify(f"{p.id}: the primary from {fmt.duration(run.start)} at least (a seek restarts the verdicts; "
+                   "the Verdicts view reads the whole file)")
 
-    # the whole file's recomputed changes, where the panel has them (verdict_timeline.py)
-    timeline: Any = None
 
-    def action_jump_primary(self) -> None:
-        snap = self.last_snapshot
-        if snap is None or snap.playback is None:
-            self.app.notify("j jumps in a replay only: a live session cannot go back", severity="warning")
-            return
-        p = primary(snap)
-        since = fmt.to_float(p.data.get("since")) if p else None
-        if since is None:
-            # a key that does nothing must say why
-            self.app.notify(f"no primary verdict at {fmt.duration(snap.now)} yet: play on, or pick a change "
-                            "in the Verdicts view's timeline", severity="warning")
-            return
-        # the change that turned it on: its time is where the verdict shows again after a jump
-        candidates = [c for c in store_changes(snap, KIND_CHANGE) if c.id == p.id and c.active]
-        if self.timeline is not None and origin(snap) == "recomputed":
-            candidates += [c for c in self.timeline.recomputed if c.id == p.id and c.active]
-        matching = [c.t for c in candidates if c.since is not None and abs(c.since - since) < 0.5]
-        jump_to(snap.playback, min(matching) if matching else since + SHOWS_AFTER_S)
-        self.app.redraw_now()
+register_app_action("jump_primary", jump_to_primary)
 
 
 @register_panel
-class VerdictStrip(JumpsToPrimary, TextPanel):
+class VerdictStrip(TextPanel):
     """The overview's top: what is wrong now, in two or three lines."""
 
     VIEW = "overview"
     ORDER = 0
     NEEDS = ()
     TITLE = "Verdict"
-    FOCUS_ON_SHOW = True
-    can_focus = True
-    BINDINGS = [("j", "jump_primary", "Jump to the verdict's start")]
 
     def shown(self, snap: Snapshot) -> bool:
         return has_verdicts(snap)
+
+    def follow(self, snap: Snapshot) -> None:
+        # every draw, in every view: a live primary's run may outlast the store's 300 s
+        if has_verdicts(snap):
+            session_verdicts(snap).follow(snap)
 
     def draw(self, snap: Snapshot, width: int) -> Text:
         p = primary(snap)
         if p is None:
             self.border_title = self.TITLE
             return no_verdict_text(snap, width)
-        # the border line carries the facts, so the verdict keeps its lines
-        facts = verdict_facts(p.id, p.data, snap.now)[:2]
+        # how long it has been the primary (without a run followed, e.g. a damaged file: how long it held)
+        facts = verdict_facts(p.id, p.data, snap.now, session_verdicts(snap).run(snap, p.id))[:3]
+        stale = snap.playback is None and snap.now - p.t > STALE_S
+        if stale:
+            facts.insert(1, "STALE")
         if p.others:
             facts.append("also " + ", ".join(p.others))
         if origin(snap) == "recorded":
             facts.append("recorded")
-        stale = snap.playback is None and snap.now - p.t > STALE_S
-        if stale:
-            facts.append("STALE")
-        self.border_title = fmt.clip(" · ".join([self.TITLE, *facts]), max(10, width - 4))
+        # the border line carries the facts, so the verdict keeps its lines; a fact that does not
+        # fit is left out whole (a cut "fixing this: up to +2…" reads wrong)
+        room = max(10, width - 4)
+        title = self.TITLE
+        for i, fact in enumerate(facts):
+            if len(title) + 3 + len(fact) <= room:
+                title += " · " + fact
+            elif i == 0:
+                title = fmt.clip(title + " · " + fact, room)
+        self.border_title = title
         lines = headline(p.id, p.data, width)
         advice = p.data.get("advice")
         if advice:
@@ -445,15 +626,22 @@ class VerdictDetail(TextPanel):
             out.append_text(no_verdict_text(snap, width))
         else:
             out.append_text(Text("\n").join(headline(p.id, p.data, width, max_lines=5)))
-            facts = verdict_facts(p.id, p.data, snap.now)
+            run = session_verdicts(snap).run(snap, p.id)
+            facts = verdict_facts(p.id, p.data, snap.now, run)
+            if run is not None:  # how long it has been the primary (the strip's), then since when it holds
+                before = " or before" if run.at_least else ""
+                facts[0] = f"the primary {facts[0]} (from {fmt.duration(run.start)}{before})"
             since = fmt.to_float(p.data.get("since"))
             if since is not None:
-                facts.insert(1, f"since {fmt.duration(since)}")
+                facts.insert(1, f"on since {fmt.duration(since)}")
             if not names(p.data.get("missing")):
                 facts.append("all its sources reported")
             out.append("\n")
             out.append_text(wrapped(" · ".join(facts), width))
-            rows = evidence_rows(p.data.get("evidence"))
+            evidence = p.data.get("evidence")
+            if isinstance(evidence, dict) and fmt.to_float(p.data.get("gain")):
+                evidence = {k: v for k, v in evidence.items() if k != "fix_gain_pct"}  # the facts say it
+            rows = evidence_rows(evidence)
             if rows:
                 out.append("\nEvidence\n", style=STYLE_LABEL)
                 out.append_text(evidence_table(rows, width))
@@ -474,6 +662,13 @@ class VerdictDetail(TextPanel):
                     line.append(" · " + extra[0], style=STYLE_DIM)
                 line.truncate(width, overflow="ellipsis")
                 out.append_text(line)
+        notes = notes_of(snap)
+        if notes:
+            out.append("\nNotes: causes that hold but cost no GPU time now", style=STYLE_LABEL)
+            for vid, text in notes:
+                out.append("\n")
+                out.append_text(Text("\n").join(fmt.wrap(Text.assemble(("  " + vid, "bold"), " — " + text),
+                                                          width, 3, indent=4)))
         # the recorded verdicts are kept: say what the live session concluded at this moment
         rec = snap.latest(snap.recorded_kind(KIND_PRIMARY), "primary") if origin(snap) == "recomputed" else None
         if rec is not None and snap.now - rec.t <= STALE_S:
