@@ -219,7 +219,7 @@ def _attach(target, a: argparse.Namespace, argv: list[str], job, exporter) -> in
             session.start()
             if exporter is not None:
                 exporter.serve(session)
-            return run_app(session, job_log=getattr(a, "job_log", None))
+            return run_app(session, job_log=getattr(a, "job_log", None), notice=getattr(a, "notice", None))
         finally:
             session.stop()
 

@@ -30,3 +30,27 @@ def test_a_workload_that_needs_torch_run_without_it_gives_the_cpu_line():
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 3, r.stderr
     assert r.stderr.strip() == needs_torch("input_bound"), r.stderr
+
+
+def test_the_ui_says_the_no_torch_hint_as_it_starts():
+    """The hint printed before the UI takes the screen is hidden until the user quits: the UI
+    shows it too, as a notification, when it starts (gputop demo without torch)."""
+    import asyncio
+
+    from gputop.session.replay import ReplaySession
+    from gputop.ui.app import GputopApp
+
+    rec = ROOT / "tests" / "data" / "h200" / "gil_contention.gtrec"
+
+    async def run():
+        session = ReplaySession(str(rec), start_playing=False)
+        try:
+            app = GputopApp(session, notice=NO_TORCH_HINT)
+            async with app.run_test(size=(120, 40)) as pilot:
+                await pilot.pause()
+                return [n.message for n in pilot.app._notifications]
+        finally:
+            session.stop()
+
+    said = asyncio.run(run())
+    assert NO_TORCH_HINT in said and TORCH_CPU_INSTALL in NO_TORCH_HINT

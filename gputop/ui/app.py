@@ -366,9 +366,13 @@ class GputopApp(App[int]):
     REPLAY_ACTIONS = {"toggle_play", "seek", "step", "slower", "faster", "seek_start", "seek_end"}
 
     def __init__(self, session: Any, *, refresh_hz: float = 5.0, history_s: float = 60.0,
-                 start_view: str = "overview", title: str | None = None, job_log: str | None = None) -> None:
+                 start_view: str = "overview", title: str | None = None, job_log: str | None = None,
+                 notice: str | None = None) -> None:
         super().__init__()
         self.job_log = LogTail(job_log) if job_log else None  # the job's output (gputop run)
+        # one line the command had for the user as the UI starts (the demo without torch): a line
+        # printed before would be hidden behind the screen until the user quits
+        self.notice = notice
         self.session = session
         self.refresh_hz = min(max(float(refresh_hz), 1.0), 20.0)
         self.history_s = float(history_s)
@@ -419,6 +423,8 @@ class GputopApp(App[int]):
         self._apply_size(self.size.width, self.size.height)
         self._show_view(self.current_view)
         self.tick()
+        if self.notice:
+            self.notify(self.notice, timeout=20)
         if self.session.playback is None:
             self._live_tick_later()
         else:
