@@ -45,6 +45,7 @@ KIND_STALL_SNAPSHOT = "stall_snapshot"    # every rank's threads at a stall, key
 # The stack source's name (its health samples' key) and the kernel wait classes a
 # thread_kernel sample counts per thread (sources/stacks.py writes them, derive/ reads them).
 SOURCE_STACKS = "stacks"
+SOURCE_PROBE = "probe"     # the probe client's (sources/probe_client.py)
 WAIT_CLASSES = ("run", "gil", "lock", "sleep", "poll", "io", "other")
 
 # Unit of a field -> factor to Prometheus base units (ratios 0-1, bytes, seconds, hertz).

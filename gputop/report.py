@@ -160,8 +160,28 @@ def _final_ok(final: dict) -> bool:
     if extra or not all(isinstance(final.get(k), types) for k, types in _FINAL_KEYS.items() if k in final):
         return False
     phases = final.get("phases") or []
-    return all(isinstance(p, dict) and isinstance(p.get("phase"), str) and type(p.get("t")) in (int, float)
-               for p in phases)
+    if not all(isinstance(p, dict) and isinstance(p.get("phase"), str) and type(p.get("t")) in (int, float)
+               for p in phases):
+        return False
+    st = final.get("startup")
+    if st is not None and not (type(st.get("seconds")) in (int, float) and isinstance(st.get("parts"), dict)
+                               and all(isinstance(k, str) and type(v) in (int, float) for k, v in st["parts"].items())):
+        return False
+    b = final.get("budget")
+    if b is None:
+        return True
+    if not (isinstance(b.get("by_phase"), dict) and isinstance(b.get("gpu_source"), (str, type(None)))):
+        return False
+    return all(_budget_data_ok(d) for d in [b.get("training"), *b["by_phase"].values()] if d is not None)
+
+
+def _budget_data_ok(d) -> bool:
+    """One budget's JSON form (derive/budget.Budget.to_data) as the text report reads it."""
+    return (isinstance(d, dict) and type(d.get("seconds")) in (int, float) and isinstance(d.get("shares"), dict)
+            and all(v is None or type(v) in (int, float) for v in d["shares"].values())
+            and isinstance(d.get("frames", {}), dict)
+            and all(isinstance(fs, list) and all(isinstance(f, list) and f and isinstance(f[0], str) for f in fs)
+                    for fs in d.get("frames", {}).values()))
 
 
 def build_report(path: str, recompute_verdicts: bool = True) -> dict:

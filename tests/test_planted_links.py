@@ -82,3 +82,17 @@ def test_xdg_state_home_of_another_user_is_not_used(tmp_path):
     out = subprocess.run([sys.executable, "-c", "from gputop.sources import files; print(files.state_base())"],
                          env=env, capture_output=True, text=True, timeout=30)
     assert str(other) not in out.stdout
+
+
+def test_dot_dot_after_a_link_is_where_the_kernel_goes(tmp_path):
+    """`--record DIR/link/../run.gtrec`: the kernel applies ".." after following the link, so the
+    check must look at (and the file go into) the link target's parent, not DIR (abspath folded
+    "link/.." away as text); through another user's link there, it is refused."""
+    tmp, victim = _world(tmp_path)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "mine").symlink_to(tmp_path / "a" / "b")
+    RecordingWriter(str(tmp_path / "mine" / ".." / "run.gtrec"), {}).close()
+    assert (tmp_path / "a" / "run.gtrec").exists() and not (tmp_path / "run.gtrec").exists()
+    _plant(tmp_path / "a" / "theirs", victim)
+    with pytest.raises(RecordingError, match="symbolic link owned by uid 65534"):
+        RecordingWriter(str(tmp_path / "mine" / ".." / "theirs" / "run.gtrec"), {})

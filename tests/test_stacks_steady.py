@@ -156,8 +156,10 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
     after = main[first_long:]
     subs = [s for s in after if s.data["subprocesses"]]
     assert subs and all(s.data["dur_s"] < 1.6 for s in subs), "children's windows stay short"
-    # the rest are steady ones, or cut short so that the children's next window starts on time
-    assert all(s.data["dur_s"] > 2.2 or s.data["dur_s"] < 1.6 for s in after if not s.data["subprocesses"])
+    # the rest are steady ones, or cut short so that the children's next window starts on time:
+    # never longer than a steady window (a cut one may end anywhere before: how long it ran
+    # depends on the machine's load, which the children's cadence below does not)
+    assert all(s.data["dur_s"] <= 3.0 + 1.0 for s in after if not s.data["subprocesses"])
     child_t = [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child)]
     later = [t for t in child_t if t >= after[0].t - 1.0]
     # one every 5 first-length windows' time (5 s), as in the warm-up; without the cut, every

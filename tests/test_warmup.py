@@ -152,3 +152,35 @@ def test_a_primary_that_ends_is_replaced_at_once():
     a.level = 0.0                          # its rule stops holding: off after LEAVE_S
     got = _primaries(engine, store, 12, t0=40)
     assert got[-1] == "host_bound" and got.index("host_bound") <= 7
+
+
+def test_the_probe_join_keeps_each_windows_idle_time():
+    """derive/moments._calibrate moves the GPU's idle time between the moments in next(DataLoader)
+    and the others within a probe window, never changing its total (the budget's GPU busy share):
+    both when the data wait gets more of it and when it gets less."""
+    from gputop.derive.budget import DATA, Moment, Naming
+    from gputop.derive.moments import _calibrate
+    from gputop.model import Sample
+
+    data, cpu = Naming(DATA, None, None, "user", None), Naming("python", None, None, "user", None)
+
+    def window(pre_batch_share):
+        # 10 steps of 100 ms whose GPU span is (1 - share) of each: share idle before each batch
+        return Sample(1.0, "probe_step", "1", {"step_n": 10, "step_s_sum": 1.0, "gpu_n": 10,
+                                                "gpu_s_sum": 1.0 - pre_batch_share, "data_wait_s_sum": 0.3,
+                                                "window_s": 1.0})
+
+    for busy_data, busy_rest, share in ((0.9, 0.2, 0.6), (0.1, 0.9, 0.05), (0.5, 0.0, 0.1)):
+        ms = [Moment(0.05 * i + 0.025, 0.05, busy_data if i < 6 else busy_rest, data if i < 6 else cpu)
+              for i in range(20)]
+        before = sum((1 - m.busy) * m.dt for m in ms)
+        _calibrate(ms, [window(share)])
+        after = sum((1 - m.busy) * m.dt for m in ms)
+        assert abs(before - after) < 1e-9, (busy_data, busy_rest, share)
+        assert all(0.0 <= m.busy <= 1.0 for m in ms)
+        data_idle = sum((1 - m.busy) * m.dt for m in ms if m.naming.cat == DATA)
+        want = min(before, share * 1.0, 0.3)
+        if before - want > 0.7:      # more idle than the other moments (0.7 s) can hold: the join stays
+            assert abs(data_idle - 6 * 0.05 * (1 - busy_data)) < 1e-9
+        else:
+            assert abs(data_idle - want) < 1e-9

@@ -69,7 +69,7 @@ FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning", "l
 # time is kernel launches, not a framework's per-step code (hooks, logging, closures)
 MODEL = "model"
 MODEL_PARTS = ("transformers/models/", "torchvision/models/", "timm/models/", "timm/layers/", "diffusers/models/",
-               "transformers/modeling_", "transformers/pytorch_utils.py", "transformers/activations.py")
+               "transformers/pytorch_utils.py", "transformers/activations.py")
 # training frameworks whose own code may run inside a module call (their wrappers' forward)
 _WRAPPERS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed")
 
@@ -148,13 +148,19 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
 
 
 def _in_module_call(frames: list, stack: list[int]) -> bool:
+    """Inside a module's call, with no training framework's code between the innermost one and
+    the stack's end (Lightning's DDP wrapper calls the user's training_step from its forward:
+    that step's own CPU code is not the model's)."""
+    inside = False
     for i in stack:
         if 0 <= i < len(frames):
             name, path = frames[i][0], frames[i][1]
             if path.endswith("torch/nn/modules/module.py") and name.rpartition(".")[2] in ("_call_impl",
                                                                                          "_wrapped_call_impl"):
-                return True
-    return False
+                inside = True
+            elif inside and owner(path) in _WRAPPERS:
+                inside = False
+    return inside
 
 
 def parts_of(m: "Moment") -> dict[str, float]:

@@ -306,7 +306,8 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
     for m in ms:
         if m.busy is not None:
             buckets.setdefault(int(m.t), []).append(m.busy)
-    return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 5]
+    # (a second needs a few samples to say anything: 5 at the UI's 20 Hz, 2 at the agent's 2 Hz)
+    return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 2]
 
 
 def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:

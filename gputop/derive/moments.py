@@ -352,8 +352,15 @@ def _calibrate(ms: list[Moment], probe: list) -> None:
             continue
         for m in data:
             m.busy = 1.0 - want / data_s
-        for m in rest:
-            if rest_idle > 0:
-                m.busy = max(0.0, 1.0 - (1.0 - m.busy) * left / rest_idle)
-            else:
-                m.busy = 1.0 - left / rest_s
+        if left <= rest_idle:
+            # less idle for the rest than the join gave them: each keeps its share of it
+            f = left / rest_idle if rest_idle > 0 else 0.0
+            for m in rest:
+                m.busy = 1.0 - (1.0 - m.busy) * f
+        else:
+            # more: the extra goes to each in proportion to its busy time (its room), so no
+            # moment passes fully idle and the window's idle time is kept exactly
+            room = sum(m.busy * m.dt for m in rest)
+            f = (left - rest_idle) / room if room > 0 else 0.0
+            for m in rest:
+                m.busy = m.busy * (1.0 - f)

@@ -59,6 +59,7 @@ SETTLE_RATIO = 0.10       # ... is within 10% of the median of the ones before
 SETTLE_BUSY = 0.10        # ... without a probe: the upper quartile of the GPU busy share of the
 SETTLE_BUSY_READINGS = 3  # ... last 3 seconds within 10 points of that of the 3 before
 READING_S = 1.0           # a reading covers about the second before its time (a probe window, a bucket)
+SETTLE_SPANS = 3          # without any reading: spans of the loop without start-up frames
 
 
 @dataclass
@@ -124,10 +125,10 @@ class PhaseTracker:
             self.warm_since, self.settle, self.warm_spans = t0, [], 0
         if self.warm_since is not None and new in JUDGED:
             if n and any(hints.get(p, 0) for p in (fr.COMPILE, fr.CUDA_INIT, fr.BUILD)):
-                self.settle, self.warm_spans = [], 0   # still compiling or initialising: what came before says nothing
+                self.settle, self.warm_spans = [], 0   # still compiling or initialising: nothing here says how steps go
             else:
                 self.warm_spans += 1
-            self.settle.extend(readings or ())
+                self.settle.extend(readings or ())
             settled = self._settled(t1)
             if settled is not None:
                 self.warm_since = None
@@ -142,6 +143,7 @@ class PhaseTracker:
         from the first of the readings that say so; or it has lasted WARMUP_MAX_S: now); None
         while it goes on."""
         if t - self.warm_since >= WARMUP_MAX_S:
+            self._remember_level()
             return t
         for kind, tol in (("step", SETTLE_RATIO), ("busy", SETTLE_BUSY)):
             seen = {}
@@ -153,12 +155,14 @@ class PhaseTracker:
             if not vals:
                 continue
             relative = kind == "step"
+            level = _median if relative else _upper_quartile
             ref = self.settled_ref.get(kind)
             if ref is not None and len(vals) >= 2:
-                # after an evaluation: back at the step time training had settled at
-                now = _median(vals[-2:])
-                ok = abs(now - ref) <= (tol * ref if relative else tol)
-                return max(self.warm_since, times[-2] - READING_S) if ok else None
+                # after an evaluation: back at the step time training had settled at (else it is
+                # judged as a first warm-up: the job may have changed, a longer sequence)
+                now = level(vals[-2:])
+                if abs(now - ref) <= (tol * ref if relative else tol):
+                    return max(self.warm_since, times[-2] - READING_S)
             n = SETTLE_READINGS if relative else SETTLE_BUSY_READINGS
             if len(vals) < 2 * n:
                 return None
@@ -166,7 +170,6 @@ class PhaseTracker:
             # level loop settles; one still speeding up or slowing down does not). A second's GPU
             # busy share also drops in every stall (a checkpoint, a blocking call): its busier
             # seconds (the upper quartile) say how fast the steps go
-            level = _median if relative else _upper_quartile
             last, before = level(vals[-n:]), level(vals[-2 * n:-n])
             if abs(last - before) <= (tol * before if relative else tol):
                 self.settled_ref[kind] = last
@@ -174,7 +177,14 @@ class PhaseTracker:
             return None
         # without a probe's steps or GPU readings nothing says how the steps go: spans of the
         # loop without start-up frames, counted
-        return t if self.warm_spans >= SETTLE_READINGS else None
+        return t if self.warm_spans >= SETTLE_SPANS else None
+
+    def _remember_level(self) -> None:
+        """The level a warm-up ended at (also at its ceiling), for the next one after an evaluation."""
+        for kind, level in (("step", _median), ("busy", _upper_quartile)):
+            vals = [v for _t, k, v in self.settle if k == kind and v is not None]
+            if len(vals) >= 2:
+                self.settled_ref[kind] = level(vals[-2:])
 
     def ended(self, t: float) -> str | None:
         self.warm_since = None

@@ -59,12 +59,13 @@ class RecordingWriter:
         try:
             # no other user's link or writable directory above it (O_NOFOLLOW guards only the
             # last component: --record /tmp/mlink/run.gtrec wrote through another user's link)
-            check_dir_chain(os.path.dirname(os.path.abspath(path)))
+            real = os.path.join(check_dir_chain(os.path.dirname(path) or "."), os.path.basename(path))
         except FilesError as e:
             raise RecordingError(f"cannot create {path}: {e}") from None
         try:
-            # "x": never overwrite; O_NOFOLLOW and 0600: a planted link is refused, the file is private
-            self._f = open(path, "xb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW, 0o600))
+            # "x": never overwrite; O_NOFOLLOW and 0600: a planted link is refused, the file is
+            # private; the directory opened is the one checked
+            self._f = open(real, "xb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW, 0o600))
         except FileExistsError:
             raise RecordingError(f"{path} already exists: choose another --record file or remove it") from None
         except OSError as e:

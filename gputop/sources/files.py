@@ -100,7 +100,10 @@ def resolve_dir(path: str) -> str:
     above, is refused: realpath followed it and only the result was checked, so ``--state-dir
     /tmp/astate/rec`` wrote where the link's owner chose). Raises FilesError."""
     me, links = _euid(), 0
-    todo = [p for p in os.path.abspath(path).split("/") if p]
+    # (no abspath: it folds "a/link/.." to "a" as text, where the kernel goes to the link's
+    # target's parent; ".." is applied below, after each link is followed)
+    full = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    todo = [p for p in full.split("/") if p]
     done = "/"
     while todo:
         name = todo.pop(0)
@@ -136,15 +139,17 @@ def resolve_dir(path: str) -> str:
 
 def check_dir_chain(path: str) -> str:
     """The directory that a file the user named (``--record``) goes into, checked: no link of
-    another user at any level (``resolve_dir``), and no directory above it writable by group or
-    others unless sticky (/tmp): nobody else can swap what is below. A directory owned by
-    another user but writable by nobody else is accepted (root recording into a user's project
-    directory). Returns it resolved; raises FilesError."""
+    another user at any level (``resolve_dir``), and no directory above it writable by group
+    (unless the group is this user's own private one) or others, unless sticky (/tmp). A
+    directory owned by another user is accepted (root recording into a user's project
+    directory): its owner could rename what is in it, but every link on the way was checked
+    and the file is created O_EXCL|O_NOFOLLOW. Returns it resolved; raises FilesError."""
     real = resolve_dir(path)
     cur = real
     while True:
         st = os.lstat(cur)
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        if (st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _private_group(st))) \
+                and not st.st_mode & stat.S_ISVTX:
             raise FilesError(f"{cur} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): gputop will "
                              f"not write a file under it")
         parent = os.path.dirname(cur)
@@ -213,20 +218,33 @@ def _make_parents(path: str) -> None:
 
 def _own_dir(path: str) -> bool:
     """``path`` is (or would be made under) this user's own: it, or its nearest existing
-    ancestor, is owned by this user and is no symbolic link."""
+    ancestor, resolved (links only of root or this user: ``resolve_dir``), is owned by this user."""
     cur = path
-    while True:
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            parent = os.path.dirname(cur)
-            if parent == cur:
-                return False
-            cur = parent
-            continue
-        except OSError:
+    while not os.path.lexists(cur):
+        parent = os.path.dirname(cur)
+        if parent == cur:
             return False
-        return st.st_uid == _euid() and not stat.S_ISLNK(st.st_mode)
+        cur = parent
+    try:
+        return os.lstat(resolve_dir(cur)).st_uid == _euid()
+    except (FilesError, OSError):
+        return False
+
+
+def _private_group(st: os.stat_result) -> bool:
+    """A directory of this user whose group is this user's own private group (Fedora/RHEL make one
+    per user, umask 002): its group-write bit lets nobody else in."""
+    if st.st_uid != _euid():
+        return False
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(_euid())
+        g = grp.getgrgid(st.st_gid)
+    except (ImportError, KeyError):
+        return False
+    return g.gr_gid == me.pw_gid and g.gr_name == me.pw_name and not [m for m in g.gr_mem if m != me.pw_name]
 
 
 def home_dir() -> str:
@@ -270,7 +288,7 @@ def create_file(path: str, flags: int = os.O_WRONLY) -> int:
     """A new file, 0600, never an existing file or a symlink (its directory checked by
     check_dir_chain: no other user's link or writable directory above it): its descriptor.
     FilesError."""
-    path = os.path.join(check_dir_chain(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    path = os.path.join(check_dir_chain(os.path.dirname(path) or "."), os.path.basename(path))
     try:
         return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:

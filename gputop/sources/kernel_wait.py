@@ -23,6 +23,7 @@ run-queue time stay exact (schedstat). That saves ~80% of the reads of a typical
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 
@@ -173,9 +174,10 @@ class KernelSampler:
                     except PermissionError:
                         self.fds.give()
                         proc.syscall_denied = True
-                    except OSError:
+                    except OSError as e:
                         self.fds.give()
-                        self.capped += 1
+                        if e.errno in (errno.EMFILE, errno.ENFILE):
+                            self.capped += 1   # (a thread that ended meanwhile is no cap)
                         continue
                 th = _KThread(tid, fd, "")
                 th.sched0 = read_schedstat(pid, tid)

@@ -40,7 +40,7 @@ import time
 
 import psutil
 
-from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC, SOURCE_PROBE
 from gputop.model import KIND_EVENT, KIND_HEALTH, Sample, health_data
 from gputop.probe import wire
 from gputop.sources import ranks as _ranks
@@ -51,7 +51,7 @@ from gputop.sources.probe_messages import MAX_STR, _clean, _int, _num, _str, ste
 
 PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC)
 
-SOURCE_NAME = "probe"
+SOURCE_NAME = SOURCE_PROBE
 RANK_END_WAIT_S = 30.0   # a probed rank whose probe detached but whose process lives on: ended after this
 
 WHAT_IT_ADDS = ("the probe adds step time split into data wait / GPU time / other host time, steps, batches and "

@@ -27,7 +27,9 @@ BUSY_GATE = 0.90          # GPU busy share at or above which no cause is a verdi
 MAX_LOSS = 0.95           # a lost share is never taken as more than this (the gain stays finite)
 
 # the budget category whose GPU-idle share a verdict's cause is (derive/budget.py)
-CATEGORY_OF = {"input_bound": "data", "sync_stall": "sync", "gil_contention": "gil",
+# (not sync_stall: while the main thread waits in a sync the GPU is busy; what a sync costs is
+# the launch gap after it, which the GPU's own idle share measures)
+CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
                "communication_bound": "collective", "cpu_oversubscribed": "cpu_wait", "host_bound": "cpu",
                "io_stall": "io", "loop_blocked": "blocked"}
 # causes judged without the budget's categories (the GPU's own view), capped by its idle share
@@ -58,15 +60,9 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
     # (a window of GPU samples alone has no categories: its idle time is "not attributable")
     budget_share = sig.get(f"budget.{cat}") if cat and budget.get("from") == "stacks" else None
     if cat is not None and budget_share is not None and busy is not None:
+        # (with the probe, the budget's data share is already the GPU's idle time before each batch
+        # arrived, at step resolution: derive/moments.py, _calibrate)
         loss = budget_share
-        if vid == "input_bound":
-            # with the probe, the GPU's idle time before each batch arrives is measured per step
-            # (its CUDA events: a step's GPU span starts when the batch is there), which the
-            # budget's join of ~100 ms GPU samples with 20 Hz stacks can spread over the step
-            probe = budget.get("probe")
-            if isinstance(probe, dict) and isinstance(probe.get("gpu_share"), (int, float)) \
-                    and isinstance(probe.get("data_wait_share"), (int, float)):
-                loss = max(loss, min(probe["data_wait_share"], max(0.0, 1.0 - probe["gpu_share"])))
     if idle is not None and (cat is not None or vid in CAPPED_BY_IDLE):
         loss = min(loss, idle)
     return max(0.0, min(MAX_LOSS, loss))

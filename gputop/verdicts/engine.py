@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gputop.catalogue import KIND_HEALTH, KIND_PHASE, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY
+from gputop.catalogue import (KIND_HEALTH, KIND_PHASE, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY,
+                              SOURCE_PROBE, SOURCE_STACKS)
 from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
@@ -149,13 +150,15 @@ class VerdictEngine:
         if phase is not None and phase.t < now - PHASE_STALE_S:
             phase = None   # the budget processor stopped saying (it failed, or the file is damaged)
         ph = phase.get("phase") if phase is not None else None
-        if ph is not None and ph not in JUDGED and not (ph == EVALUATION and stalled_now(store, now)):
-            # start-up, evaluation and the end are not training: no verdict is about them, and the
-            # verdicts' states wait for training to resume
+        stalled = stalled_now(store, now)
+        if ph is not None and ph not in JUDGED and not (ph in (EVALUATION, WARMUP) and stalled):
+            # start-up, warm-up, evaluation and the end are not training: no verdict is about them
+            # (a loop that stopped is, in warm-up and evaluation too), and the verdicts' states wait
+            # for training to resume
             self.evaluations += 1
             return [Sample(now, KIND_VERDICT_PRIMARY, "primary", {
                 "id": None, "others": [], "phase": ph, "why": self._why_phase(phase)})]
-        if ph is None and self.evaluations < PHASE_WAIT_EVALUATIONS and self._phase_coming(store):
+        if ph is None and not stalled and self.evaluations < PHASE_WAIT_EVALUATIONS and self._phase_coming(store):
             # the stacks or the probe will say what the job is doing (its first window settles a
             # few seconds after attach): judging before then would name a verdict that the
             # warm-up then takes back
@@ -212,7 +215,14 @@ class VerdictEngine:
                           "gain": None if st.last.gain is None else round(st.last.gain, 3),
                           "confidence": st.last.confidence, "since": st.since})
         if self.notes:
-            pdata["notes"] = self.notes[:4]
+            # once per verdict (each rank's rules add theirs), none for a verdict that is active
+            notes, seen = [], {v for v, st in self.states.items() if st.active}
+            for n in self.notes:
+                if n["id"] not in seen:
+                    seen.add(n["id"])
+                    notes.append(n)
+            if notes:
+                pdata["notes"] = notes[:4]
         out.append(Sample(now, KIND_VERDICT_PRIMARY, "primary", pdata))
         return out
 
@@ -270,7 +280,7 @@ class VerdictEngine:
         """A source that gives the job's phases (py-spy, else the probe) is running."""
         health = store.latest_of_kind(KIND_HEALTH)
         return any(h is not None and h.get("state") in ("ok", "degraded")
-                   for h in (health.get("stacks"), health.get("probe")))
+                   for h in (health.get(SOURCE_STACKS), health.get(SOURCE_PROBE)))
 
     @staticmethod
     def _why_phase(phase) -> str:
