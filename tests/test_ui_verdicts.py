@@ -337,8 +337,7 @@ async def test_verdicts_view_shows_the_primary_in_full_and_both_timelines():
         f"{minsec(c.t)} {'on ' if c.data['active'] else 'off'}" for c in recomputed]
     # and every change of the primary verdict (issue 31 item 4: the strip's story), in time order
     flips = primary_flips(path)
-    assert [vid for _, vid in flips] == [None, "sync_stall", "host_bound", "sync_stall", "host_bound", None,
-                                         "sync_stall"]
+    assert [vid for _, vid in flips] == [None, "sync_stall", "host_bound", None, "sync_stall"]
     primary_rows = [r for r in all_rows if PRIMARY_ROW.match(r)]
     expected = []
     for (t, vid), (_, before) in zip(flips[1:], flips):
