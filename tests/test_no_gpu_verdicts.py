@@ -64,8 +64,12 @@ while time.time() - t0 < 60:
 @pytest.mark.parametrize("code, expect, frame", [(CHECKPOINTS, "io_stall", "save_checkpoint"),
                                                  (SLEEPS, "loop_blocked", "push_metrics")],
                          ids=["checkpoints", "sleeps"])
-def test_a_cpu_job_is_judged_on_its_loops_time(code, expect, frame):
-    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def test_a_cpu_job_is_judged_on_its_loops_time(code, expect, frame, tmp_path):
+    # a script in a file, as a job is: py-spy reads its lines (a `-c` job's "<string>" has none,
+    # and `time.sleep(` is known by its line)
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    job = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert job.stdout.readline().strip() == "ready"
         out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "30",
