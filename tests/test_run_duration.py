@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from run_helpers import alive, private_home
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -43,22 +44,7 @@ DEAF_TO_SIGTERM = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SI
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
-    for d in ("state", "run", "tmp"):
-        (tmp_path / d).mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setenv("GPUTOP_PROBE_DIR", str(tmp_path / "probe"))
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    return tmp_path
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return private_home(tmp_path, monkeypatch)
 
 
 def gone(pid: int, within_s: float = 2.0) -> bool:
