@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -535,10 +537,12 @@ def test_no_probe_says_what_it_would_add_and_how(tmp_path):
 def test_socket_directory_owned_by_another_user(tmp_path):
     """Another user made the directory first: the probe listens in its private fallback
     ($HOME/.cache/gputop-probe) and says so in one line; gputop finds it there."""
-    d, hold, out, home = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt", tmp_path / "home"
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt"
+    # a short home: a socket path must fit in 107 bytes, and pytest-xdist's tmp_path made
+    # home/.cache/gputop-probe/PID.sock 108 (test_a_fallback_too_long_for_a_socket_is_said)
+    home = Path(tempfile.mkdtemp(prefix="gh", dir="/tmp"))
     d.mkdir(mode=0o700)
     os.chown(d, 65534, 65534)
-    home.mkdir()
     job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d, HOME=str(home)),
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -557,6 +561,29 @@ def test_socket_directory_owned_by_another_user(tmp_path):
     assert len(lines) == 1 and "owned by uid 65534" in lines[0] and f"listening in {fallback} instead" in lines[0], err
     assert h["probes"] == [job.pid]
     assert sockets_in(d) == []
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_fallback_too_long_for_a_socket_is_said(tmp_path):
+    """The fallback's socket path would be over 107 bytes (a deep $HOME): the probe said
+    "listening in <fallback> instead" and then could not bind there, and that one line was all
+    the user saw. Now the one line says why it does not listen, and what to do."""
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.txt"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    home = tmp_path / ("h" * 120)
+    home.mkdir()
+    job = launch_with_probe([sys.executable, NO_TORCH, str(out), str(hold)], env=env_with_dir(d, HOME=str(home)),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert finish(job, hold) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    lines = [ln for ln in job.stderr.read().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "not listening" in lines[0] and "listening in" not in lines[0], lines
+    assert "is longer than 107 bytes: set GPUTOP_PROBE_DIR to a shorter directory" in lines[0], lines
 
 
 def test_socket_directory_rules(tmp_path):

@@ -123,6 +123,17 @@ def full_tables(job):
             if len(rows) == WORLD and all(r["state"] == "running" and r["collective_pct"] is not None for r in rows)]
 
 
+def _rank_story(job, session) -> str:
+    """What the live session heard and the file holds of the ranks (a failure's explanation)."""
+    live = [(round(s.t, 2), s.key, s.data.get("state"), s.data.get("source")) for s in job["samples"]
+            if s.kind == KIND_RANK]
+    kept = [(round(s.t, 2), s.key, s.data.get("state"), s.data.get("source"))
+            for s in session.reader.all_samples() if s.kind == KIND_RANK]
+    health = [s.data for s in job["samples"] if s.kind == "health" and s.key == "recorder"]
+    return (f"live: {live[-9:]}\nfile: {kept[-9:]}\nt_end {session.t_end:.2f} damaged "
+            f"{session.reader.index.damaged}\nrecorder health: {health[-1:]}")
+
+
 def test_the_launcher_finds_every_rank(job):
     ranks = [s for s in job["samples"] if s.kind == KIND_RANK]
     first = {}
@@ -202,7 +213,8 @@ def test_record_and_replay_keep_rank_identity(job):
         assert all(by_rank[r]["collective_pct"] >= 40 for r in range(WORLD) if r != SLOW)
         assert by_rank[SLOW]["collective_pct"] <= 20
         session.seek(session.t_end)
-        assert [r["state"] for r in rank_table(session.store, session.now())] == ["exited"] * WORLD
+        assert [r["state"] for r in rank_table(session.store, session.now())] == ["exited"] * WORLD, \
+            _rank_story(job, session)
     finally:
         session.stop()
 
@@ -269,7 +281,7 @@ def test_the_ranks_view_draws_a_row_per_rank(job):
         text = _ranks_screen(session, (80, 24))
         for row in live_rows:
             line = next(ln for ln in text.splitlines() if ln.split()[:2] == [str(row["pid"]), str(row["rank"])])
-            assert "exited" in line, line
+            assert "exited" in line, (line, _rank_story(job, session))
         assert f"{WORLD} ended" in text
     finally:
         session.stop()
@@ -361,11 +373,16 @@ def test_a_rank_its_environment_names_is_never_said_by_its_probe_too(tmp_path):
     from gputop.sources.probe_client import _ProbeConn
 
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="t")
-    named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    started = "import time; print('up', flush=True); time.sleep(60)"
+    named = subprocess.Popen([sys.executable, "-c", started], env=env, stdout=subprocess.PIPE, text=True)
     from gputop.sources.ranks import FAMILIES
     plain_env = {k: v for k, v in os.environ.items() if k not in {f.rank_var for f in FAMILIES}}
-    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=plain_env)
+    plain = subprocess.Popen([sys.executable, "-c", started], env=plain_env, stdout=subprocess.PIPE, text=True)
     try:
+        # past their exec (a probe connects from a running job): Popen may return while the
+        # kernel is still building the new image, its environment not yet readable
+        # (test_an_environment_read_mid_exec_is_read_again)
+        assert named.stdout.readline() == plain.stdout.readline() == "up\n"
         src = ProbeClientSource(SessionClock(), Target(os.getpid()))
         got: list = []
         src._emit = got.append
@@ -426,3 +443,40 @@ def test_a_rank_execd_under_the_launchers_name_is_found_from_its_new_environment
         assert all(s.get("state") != "running" for s in got if s.kind == KIND_RANK and s.key == str(proc.pid))
     finally:
         kill_group(proc)
+
+
+def test_an_environment_read_mid_exec_is_read_again():
+    """Python's subprocess vforks: Popen returns once the child's new memory is in place, before
+    the kernel has copied the new environment into it, and a read of /proc/PID/environ then gives
+    nothing (about a third of reads right after Popen, here). Such a read is not taken for "no
+    rank": it raises EnvironNotReady, and the rank finder reads the environment again at its next
+    tick instead of keeping "no rank" for the process's life. Real processes, real /proc."""
+    from gputop.sources.ranks import EnvironNotReady, RankFinder, read_environ
+
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="t")
+    outcomes = {"named": 0, "not ready": 0}
+    finder_named = []
+    for _ in range(30):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+        try:
+            finder = RankFinder(os.getpid(), node="n")
+            tree = {proc.pid: (os.getpid(), "python", [sys.executable, "-c", "import time; time.sleep(30)"])}
+            first = finder.update(0.0, tree)   # maybe mid-exec
+            try:
+                got = read_environ(proc.pid)
+                assert got.get("RANK") == "1", got   # never an empty read taken as "no rank"
+                outcomes["named"] += 1
+            except EnvironNotReady:
+                outcomes["not ready"] += 1
+            later = []
+            for tick in range(1, 20):
+                later += finder.update(float(tick), tree)
+                if later:
+                    break
+                time.sleep(0.05)
+            finder_named.append(bool(first or later) and (first or later)[0].data["rank"] == 1)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert outcomes["named"] > 0
+    assert all(finder_named), finder_named   # every one named, whether its first read was early or not

@@ -194,3 +194,31 @@ def test_a_live_session_publishes_the_recorders_health(tmp_path):
         assert h.get("state") == "degraded" and h.get("dropped_samples") == 7 and "7 samples" in h.get("message")
     finally:
         live.stop()
+
+
+def test_a_sample_too_late_for_time_order_never_costs_the_samples_beside_it(tmp_path):
+    """A source starved on a loaded machine (a host tick, py-spy's pipe) delivers a sample over
+    CHUNK_SLACK_S after newer ones were written. A reader refuses a chunk that far out of time
+    order, so before, that chunk was lost whole -- with the session's last seconds in it (a
+    replay of a torchrun job showed its ranks "running" at its end) -- and the file read as
+    damaged. Now the late sample alone is left out, counted, and said in the recorder's health."""
+    path = tmp_path / "late.gtrec"
+    rec = Recorder(RecordingWriter(str(path), {}), flush_s=3600)
+    rec.start()
+    for sec in range(30):
+        rec.on_samples([Sample(float(sec), "gpu", "0", {"sec": sec})])
+    rec.flush()
+    # one batch: a stack sample 16 s old, one 4 s old (late, but within what a reader accepts),
+    # and the ranks' exits
+    rec.on_samples([Sample(13.0, "stack", "1", {}), Sample(29.5, "rank", "7", {"state": "running"}),
+                    Sample(26.0, "stack", "1", {}), Sample(30.0, "rank", "7", {"state": "exited"})])
+    rec.stop({"clean": True})
+    assert rec.error is None and rec.late == 1
+    with RecordingReader(str(path)) as r:
+        assert not r.index.damaged
+        got = r.all_samples()
+    assert [s.data["state"] for s in got if s.kind == "rank"] == ["running", "exited"]
+    assert [s.t for s in got if s.kind == "stack"] == [26.0]
+    health = [s.data for s in got if s.kind == "health" and s.key == "recorder"]
+    assert health and health[-1]["state"] == "degraded" and health[-1]["dropped_samples"] == 1
+    assert "1 samples not recorded: they came over 10 s late" in health[-1]["message"]

@@ -249,3 +249,36 @@ def test_a_replay_offers_the_whole_file_and_says_what_it_computes(tmp_path):
     assert s.replay_path == str(path) and s.derived_kinds == {"verdict"}
     got = s.replay_whole_file([CountingProcessor()])
     assert got.of_kind("verdict") and s.position == s.t_start  # the replay on screen did not move
+
+
+def test_a_seek_to_the_end_shows_the_last_sample_whose_time_rounds_up(tmp_path):
+    """A file stores times to 1e-4 s. Its last sample at 18.38006 s is stored as 18.3801, past
+    the exact time the chunk's header gave as its end, so a replay at the end never saw it: a
+    torchrun job's ranks showed "running" at the end of its replay, though the file held their
+    exits (a flaky test, about one run in three). The header now gives the stored times' span,
+    and the end of a finished file includes all of it (older files too)."""
+    import zlib
+    import json
+    from gputop.session.recording_format import CODEC_ZLIB, FRAME_CHUNK, frame_bytes
+
+    path = tmp_path / "end.gtrec"
+    w = RecordingWriter(str(path), {})
+    w.write_samples([Sample(t / 10, "rank", "7", {"state": "running"}) for t in range(180)])
+    w.write_samples([Sample(18.38006, "rank", "7", {"state": "exited"})])
+    w.close({"clean": True})
+    old = tmp_path / "old.gtrec"   # as a gputop of before wrote it: the header's t1 is exact
+    w = RecordingWriter(str(old), {})
+    w.write_samples([Sample(t / 10, "rank", "7", {"state": "running"}) for t in range(180)])
+    payload = zlib.compress(json.dumps({"series": [["rank", "7", [18.3801], {"state": ["exited"]}]]}).encode())
+    w._write(frame_bytes(FRAME_CHUNK, payload, CODEC_ZLIB, 18.38006, 18.38006))
+    w.close({"clean": True})
+    for p in (path, old):
+        session = ReplaySession(str(p), processors=[CountingProcessor()], start_playing=False)
+        try:
+            session.seek(session.t_end)
+            assert session.store.latest_of_kind("rank")["7"].data["state"] == "exited", p.name
+            session.seek(9.0)   # and from far away, the other way of seeking
+            session.seek(session.t_end)
+            assert session.store.latest_of_kind("rank")["7"].data["state"] == "exited", p.name
+        finally:
+            session.stop()

@@ -174,16 +174,17 @@ class ProbeServer:
             # Someone else's directory (or a symlink, or one open to others) must not switch the
             # probe off: listen in the private fallback, where gputop also looks.
             fallback = wire.fallback_dir(os.environ, os.getuid())
-            why = wire.ensure_private_dir(fallback) if fallback else "no home directory"
+            why = (_too_long(wire.socket_path(fallback, self.pid)) or wire.ensure_private_dir(fallback)) \
+                if fallback else "no home directory"
             if why is None:
+                # (one line per process: said only once the fallback is known to be usable)
                 say(f"{reason}; listening in {fallback} instead")
                 directory, reason = fallback, None
             else:
                 reason = f"{reason}; and the fallback {fallback or '(none)'}: {why}"
         if reason is None:
             path = wire.socket_path(directory, self.pid)
-            if len(path.encode()) > wire.MAX_SOCKET_PATH:
-                reason = f"socket path {path} is longer than {wire.MAX_SOCKET_PATH} bytes: set {wire.ENV_DIR} to a shorter directory"
+            reason = _too_long(path)
         if reason is not None:
             self.refused = f"not listening: {reason}"
             say(self.refused)
@@ -535,3 +536,10 @@ def _clean_stale_sockets(directory: str, own_pid: int) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _too_long(path: str) -> str | None:
+    """Why a Unix socket cannot be bound at ``path`` (too long for sun_path), or None."""
+    if len(path.encode()) > wire.MAX_SOCKET_PATH:
+        return f"socket path {path} is longer than {wire.MAX_SOCKET_PATH} bytes: set {wire.ENV_DIR} to a shorter directory"
+    return None

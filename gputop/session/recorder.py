@@ -17,14 +17,16 @@ from typing import Protocol
 from gputop.sources.files import FilesError, check_dir_chain
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
-    _FILE_HEADER, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META, FRAME_SUMMARY, MAGIC,
-    RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, json_frame, validate_chunk,
+    _FILE_HEADER, CHUNK_SLACK_S, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META,
+    FRAME_SUMMARY, MAGIC, RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, json_frame,
+    validate_chunk,
 )
 
 MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 samples/s):
                                # a long disk stall costs samples, never gputop's memory
 CHUNK_SAMPLES = 20_000         # a backlog is written as chunks of at most this many samples...
 CHUNK_SPAN_S = 5.0             # ... and this span, well inside what the reader accepts
+LATE_MARGIN_S = 1.0            # a sample is written only this far inside the reader's CHUNK_SLACK_S
 # A summary frame per this many seconds of samples. The report's cost is in proportion to the
 # frames (each one's statistics, thread aggregates and hot frames are about the same size however
 # long it covers, and are parsed, checked and merged), so longer frames make a long file's report
@@ -167,6 +169,10 @@ class Recorder:
         self.written_to: float | None = None   # session time of the newest sample written
         self.samples_written = 0
         self.dropped = 0                # samples dropped because the disk fell behind
+        # samples that came over CHUNK_SLACK_S after newer ones were written (a source starved on
+        # a loaded machine): a reader refuses a chunk that far out of time order, so the chunk
+        # would be lost whole, with the in-order samples beside them (a session's last seconds)
+        self.late = 0
         self._dropped_noted = 0
         self._last_t = 0.0
 
@@ -181,9 +187,14 @@ class Recorder:
         """The recorder's state, as a health sample's data."""
         if self.error is not None:
             return health_data("failed", self.error, dropped_samples=self.dropped)
+        problems = []
         if self.dropped:
-            return health_data("degraded", f"{self.dropped} samples not recorded: the disk fell behind",
-                               dropped_samples=self.dropped)
+            problems.append(f"{self.dropped} samples not recorded: the disk fell behind")
+        if self.late:
+            problems.append(f"{self.late} samples not recorded: they came over {CHUNK_SLACK_S:g} s late "
+                            "(a source was starved of CPU)")
+        if problems:
+            return health_data("degraded", "; ".join(problems), dropped_samples=self.dropped + self.late)
         return health_data("ok", "", dropped_samples=0)
 
     def on_samples(self, samples: list[Sample]) -> None:
@@ -213,8 +224,8 @@ class Recorder:
     def _take(self) -> list:
         with self._lock:
             batch, self._queue, self._queued_samples = self._queue, [], 0
-            if self.dropped > self._dropped_noted:
-                self._dropped_noted = self.dropped
+            if self.dropped + self.late > self._dropped_noted:
+                self._dropped_noted = self.dropped + self.late
                 batch.append(Sample(self._last_t, KIND_HEALTH, "recorder", self.health()))
         return batch
 
@@ -223,25 +234,41 @@ class Recorder:
         under it, so batches reach the file in the order they left the queue)."""
         if self.error is not None or self.writer.closed:
             return
+        late_before = self.late
         try:
             run: list[Sample] = []
             for item in batch + [None]:
                 if isinstance(item, Sample):
                     run.append(item)
                     continue
-                for piece in _pieces(run):
+                for piece in _pieces(self._in_time_order(run)):
                     written = self.writer.write_samples(piece)
                     self.samples_written += len(piece)
-                    self.written_to = max((x.t for x in piece), default=self.written_to)
+                    newest = max(x.t for x in piece)
+                    self.written_to = newest if self.written_to is None else max(self.written_to, newest)
                     if written is not None:
                         self._summarize(*written)
                 run = []
                 if isinstance(item, dict):
                     self.writer.write_meta(item)
+            if self.late > late_before:   # found while writing: said in the file at once
+                self._dropped_noted = self.dropped + self.late
+                self.writer.write_samples([Sample(self.written_to, KIND_HEALTH, "recorder", self.health())])
         except OSError as e:  # disk full: say so, keep monitoring
             self.error = f"recording stopped early{self._at()}: {e.strerror}"
         except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
             self.error = f"recording stopped early{self._at()}: {type(e).__name__}: {e}"
+
+    def _in_time_order(self, run: list[Sample]) -> list[Sample]:
+        """``run`` sorted by time (stable: samples of one time keep their order), less the samples
+        too late to be written in time order (counted in ``late``)."""
+        run = sorted(run, key=lambda s: s.t)
+        if self.written_to is None or not run or run[0].t >= self.written_to - CHUNK_SLACK_S + LATE_MARGIN_S:
+            return run
+        floor = self.written_to - CHUNK_SLACK_S + LATE_MARGIN_S
+        keep = [s for s in run if s.t >= floor]
+        self.late += len(run) - len(keep)
+        return keep
 
     def _at(self) -> str:
         """" at 0:05.9 of the session" (the newest sample written), or "" before any."""

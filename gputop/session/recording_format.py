@@ -152,8 +152,10 @@ def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, lis
     except ValueError:
         exact = False   # NaN/inf written as null: decoding gives other values
         text = json.dumps({"series": _finite(series)}, separators=(",", ":"), allow_nan=False)
-    t0 = min(s.t for s in samples)
-    t1 = max(s.t for s in samples)
+    # the chunk's span is that of the times it holds (rounded): a header t1 below its newest
+    # rounded-up time hid a session's last samples from a replay that seeks to its end
+    t0 = min(min(ts) for ts, _ in groups.values())
+    t1 = max(max(ts) for ts, _ in groups.values())
     raw = text.encode()
     payload = zlib.compress(raw, 6)
     return payload, t0, t1, (_as_decoded(series, raw, len(payload), t0, t1) if exact else None)

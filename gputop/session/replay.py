@@ -272,8 +272,12 @@ class ReplaySession:
         if t_to <= t_from:
             return
         batch: list[Sample] = []
+        # The end of a finished file includes all of it: files written before chunk spans were
+        # the rounded times' (recording_format.encode_chunk_series) hold samples up to 5e-5 s
+        # past their last chunk's t1, the session's last (a rank's exit).
+        upto = math.inf if t_to >= self.t_end and not self.growing else t_to
         for ref in self.reader.chunks_between(t_from, t_to):
-            batch.extend(s for s in self._chunk(ref) if t_from < s.t <= t_to)
+            batch.extend(s for s in self._chunk(ref) if t_from < s.t <= upto)
         batch.sort(key=lambda s: s.t)
         if batch:
             self._last_sample_t = max(self._last_sample_t, batch[-1].t)

@@ -489,10 +489,10 @@ class HostSource(ThreadedSource):
     def _update_identity(self, proc: ProcFiles, ps_proc, name: str) -> None:
         """Name, command line and role. The command line is read again when the name changes
         (an exec, or torch renaming a DataLoader worker) and at a new process's first ticks
-        (an exec that keeps the name: YOUNG_CMDLINE_TICKS); the rank finder reads the
+        (an exec that keeps the name: YOUNG_CMDLINE_TICKS and YOUNG_CMDLINE_S); the rank finder reads the
         environment again when it changes."""
-        young = proc.young_ticks > 0
-        if young:
+        young = proc.young_ticks > 0 or time.monotonic() < proc.young_until
+        if proc.young_ticks > 0:
             proc.young_ticks -= 1
         if proc.cmdline is None or name != proc.name or young:
             proc.cmdline = self._cmdline(proc, ps_proc)

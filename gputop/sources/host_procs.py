@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 from gputop.model import RateTracker
 from gputop.sources.procfs import F_STIME, F_UTIME, FdBudget, File, Gone, parse_ctx, parse_stat
 
@@ -55,7 +57,9 @@ class TaskFiles:
                 f.close()
 
 
-YOUNG_CMDLINE_TICKS = 5   # a new process's command line is read again at its first 5 ticks
+YOUNG_CMDLINE_TICKS = 5   # a new process's command line is read again at its first 5 ticks...
+YOUNG_CMDLINE_S = 15.0    # ...and for its first 15 s in sight: on a loaded machine a launcher's
+#                           fork-to-exec (torchrun's) outlasted 5 ticks, and the rank went unnamed
 
 
 class ProcFiles:
@@ -83,6 +87,7 @@ class ProcFiles:
         # seen between its fork and its exec shows its parent's, and torchrun's ranks keep the
         # launcher's name ("python") across the exec (host.py: _update_identity)
         self.young_ticks = YOUNG_CMDLINE_TICKS
+        self.young_until = time.monotonic() + YOUNG_CMDLINE_S
         self.mp_helper = False
         self.ppid: int | None = None
         self.role = ""

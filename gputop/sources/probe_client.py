@@ -61,11 +61,13 @@ HOW_TO_ENABLE = ("start the job with `gputop run -- python train.py ...`, or add
                  "`import gputop.probe; gputop.probe.install()` to the training script")
 
 
-def _env_names_rank(pid: int) -> bool:
+def _env_names_rank(pid: int) -> bool | None:
     """Whether the process's environment names a rank, read as the host source reads it
-    (ranks.read_environ); False where it cannot be read."""
+    (ranks.read_environ); False where it cannot be read, None where not yet (mid-exec)."""
     try:
         return _ranks.rank_env(_ranks.read_environ(pid)) is not None
+    except _ranks.EnvironNotReady:
+        return None
     except OSError:
         return False
 
@@ -195,10 +197,13 @@ class ProbeClientSource(ThreadedSource):
             return None, []
         dirs: list[str] = []
         env: dict = {}
+        mid_exec = False
         try:
             env = proc.environ()
             env_dir = env.get(wire.ENV_DIR)
-            self._env_rank[proc.pid] = _ranks.rank_env(env) is not None
+            mid_exec = not env   # (ranks.EnvironNotReady): not cached, read again at the next scan
+            if not mid_exec:
+                self._env_rank[proc.pid] = _ranks.rank_env(env) is not None
         except (psutil.Error, OSError):
             env_dir = None
         if env_dir:
@@ -207,7 +212,8 @@ class ProbeClientSource(ThreadedSource):
         for d in (*self.extra_dirs, wire.default_dir(uid), wire.fallback_dir(env, uid)):
             if d and d not in dirs:
                 dirs.append(d)
-        self._dirs_of[proc.pid] = (uid, dirs)
+        if not mid_exec:
+            self._dirs_of[proc.pid] = (uid, dirs)
         return uid, dirs
 
     def _scan(self, sel) -> None:
@@ -457,6 +463,8 @@ class ProbeClientSource(ThreadedSource):
             # source names the rank from the real one while this one said it too, and two sources
             # of one rank's state raced (a rank's "exited" sorted before this one's "running").
             c.env_rank = _env_names_rank(c.pid)
+            if c.env_rank is None:
+                return   # mid-exec: its next message reads it again
         if c.env_rank or self._env_rank.get(c.pid):
             return
         facts = {**(self._rank_said.get(c.pid) or {}), **{k: v for k, v in facts.items() if v is not None},

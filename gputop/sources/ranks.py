@@ -144,10 +144,16 @@ RANK_VARS = tuple(sorted({v for f in FAMILIES for v in (f.rank_var, f.size_var, 
 _RANK_VARS_RE = re.compile(rb"(?:^|\0)(" + b"|".join(re.escape(v.encode()) for v in RANK_VARS) + rb")=([^\0]*)")
 
 
+class EnvironNotReady(OSError):
+    """/proc/PID/environ read empty: the process is inside its exec. A vfork()ing parent (Python's
+    subprocess) resumes when the child's new memory is in place, before the kernel has copied
+    the new environment into it; a read then gives nothing. Read it again later."""
+
+
 def read_environ(pid: int) -> dict[str, str]:
     """The rank-related variables (``RANK_VARS``) of /proc/PID/environ. Raises PermissionError
-    (another user's process, or a non-dumpable one without CAP_SYS_PTRACE) and
-    FileNotFoundError/ProcessLookupError (gone)."""
+    (another user's process, or a non-dumpable one without CAP_SYS_PTRACE),
+    FileNotFoundError/ProcessLookupError (gone) and EnvironNotReady (mid-exec)."""
     fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
     try:
         parts = [os.read(fd, 16384)]   # most environments are a few KiB: no MiB buffer per read
@@ -156,6 +162,10 @@ def read_environ(pid: int) -> dict[str, str]:
     finally:
         os.close(fd)
     raw = b"".join(parts)
+    if not raw:
+        # (a process started with an empty environment reads so too: it names no rank, and the
+        # cost is one read a tick)
+        raise EnvironNotReady(f"/proc/{pid}/environ is empty: the process may be inside its exec")
     return {m[1].decode(): m[2].decode("utf-8", "replace") for m in _RANK_VARS_RE.finditer(raw)}
 
 
@@ -241,6 +251,8 @@ class RankFinder:
             facts = rank_env(self.read_env(pid))
         except PermissionError:
             denied = True
+        except EnvironNotReady:
+            args = None   # read again at the next tick
         except OSError:
             pass  # gone: it leaves the tree at the next tick
         first_t = seen.first_t if seen is not None else t
