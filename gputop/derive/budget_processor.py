@@ -192,11 +192,19 @@ class BudgetProcessor:
             lo, hi = (a - 0.5 if k == 0 else a), (t_end + 0.5 if last else b)
             near = [p for p in probe if (lo <= p.t <= hi if k == 0 else lo < p.t <= hi)]
             steps = sum(p.get("step_n") for p in near if type(p.get("step_n")) is int)
-            changed = self._judge_span(span, a, b, steps, _step_readings(near, span)) or changed
+            recompiling = any(type(p.get(k)) is int and p.get(k) > 0 for p in near
+                              for k in ("recompiles", "recompile_limit_hits"))
+            changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling) or changed
         return changed
 
-    def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list) -> bool:
+    def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list,
+                    recompiling: bool = False) -> bool:
         hints = Counter(m.naming.hint for m in ms if m.naming.hint)
+        if recompiling:
+            # torch.compile compiling *again* (the probe saw a guard fail): not the job warming
+            # up but a cause of lost time in training (the recompilation verdict), so its
+            # compile frames do not restart the warm-up
+            hints.pop(fr.COMPILE, None)
         before = self.tracker.phase
         # training starts at its first backward/optimizer moment, not at the span's start
         first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)

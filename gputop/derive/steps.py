@@ -115,6 +115,19 @@ class StepPool:
     samples: int | None = None          # None: some batch had no known size
     step_hist: dict = field(default_factory=dict)   # merged 1/8-octave buckets -> count
     step_ms_max: float | None = None
+    # torch.compile (gputop/probe/compiles.py): None where no window read dynamo's compilations
+    compile_s: float | None = None      # Σ seconds compiling
+    compile_observed_s: float = 0.0     # Σ window_s of the windows that read them
+    recompiles: int = 0
+    recompile_limit_hits: int = 0
+    recompile_top: dict | None = None   # the window's function with most recompiles (newest such)
+
+    @property
+    def compile_share(self) -> float | None:
+        """Share of the watched time spent compiling (0-1), over windows that read dynamo."""
+        if self.compile_s is None or not self.compile_observed_s:
+            return None
+        return min(1.0, self.compile_s / self.compile_observed_s)
 
     @property
     def steps_per_observed_s(self) -> float | None:
@@ -229,6 +242,10 @@ def pool_steps(windows) -> StepPool:
     samples: int | None = 0
     hist: dict[int, int] = {}
     step_max: float | None = None
+    compile_s: float | None = None
+    compile_w = 0.0
+    recompiles = limit_hits = 0
+    top: dict | None = None
     for s in windows:
         n = _int(s.get("step_n"))
         w = _n(s.get("window_s")) or 0.0
@@ -266,10 +283,22 @@ def pool_steps(windows) -> StepPool:
         mx = _n(s.get("step_ms_max"))
         if mx is not None and (step_max is None or mx > step_max):
             step_max = mx
+        cs = _n(s.get("compile_s"))
+        if cs is not None and cs >= 0:
+            compile_s = (compile_s or 0.0) + cs
+            compile_w += w
+            recompiles += _int(s.get("recompiles"))
+            limit_hits += _int(s.get("recompile_limit_hits"))
+            if s.get("recompile_fn") is not None or s.get("recompile_reason") is not None:
+                top = {"function": s.get("recompile_fn"), "where": s.get("recompile_where"),
+                       "reason": s.get("recompile_reason"), "count": _int(s.get("recompile_count")),
+                       "limit": bool(_int(s.get("recompile_limit_hits")))}
     return StepPool(windows=len(windows), steps=steps, timed_steps=timed, step_s_sum=step_s, observed_s=observed,
                     training_s=training, fed_s=fed, data_wait_s_sum=wait, gpu_n=gpu_n, gpu_s_sum=gpu_s,
                     syncs=syncs, sync_steps=sync_steps, batches=batches, step_batches=step_batches,
-                    step_samples=step_samples, samples=samples, step_hist=hist, step_ms_max=step_max)
+                    step_samples=step_samples, samples=samples, step_hist=hist, step_ms_max=step_max,
+                    compile_s=compile_s, compile_observed_s=compile_w, recompiles=recompiles,
+                    recompile_limit_hits=limit_hits, recompile_top=top)
 
 
 def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory: list[Sample],

@@ -36,6 +36,7 @@ import threading
 import warnings
 
 from gputop.probe import wire
+from gputop.probe.compiles import CompileWatch
 from gputop.probe.core import Probe, _env_int, _mono
 # The syncs hook (its own concern: warnings plumbing); its names importable from here as before.
 from gputop.probe.sync_capture import (  # noqa: F401
@@ -57,6 +58,7 @@ class TorchHooks(SyncCapture):
         self.autocast: set[str] = set()
         self.compile_calls: list[dict] = []
         self.compile_count = 0
+        self.compiles = CompileWatch()     # dynamo's compilations, read per window (probe thread)
         self._sync_filter = None           # SYNC_FILTER while we keep it in warnings.filters
         self._showwarnmsg = None           # our wrapper of warnings._showwarnmsg, once installed
         self._add_filter = None            # our wrapper of warnings._add_filter, once installed

@@ -97,6 +97,9 @@ class _WindowState:
             "probe_cpu_s": p.thread_cpu_s,
             "flops": p.flops.message() if p.flops is not None else {"off": "torch is not imported (yet)"},
         }
+        watch = getattr(p.torch_hooks, "compiles", None)
+        if watch is not None:
+            msg["compile"] = watch.window()   # torch.compile's compilations (gputop/probe/compiles.py)
         coll = getattr(p.torch_hooks, "collectives", None)
         if coll is not None:
             msg.update(coll.window_fields())   # coll_*: DDP/FSDP collectives (gputop/probe/collectives.py)

@@ -126,7 +126,32 @@ def step_data(c, w: dict) -> dict:
         "dropped": _int(w.get("dropped")),
         "probe_cpu_pct": probe_cpu_pct,
         **flops_data(w.get("flops")),
+        **compile_data(w),                             # torch.compile's compilations (issue 30)
         **collective_step_data(w, step_n, step_sum),   # DDP/FSDP collectives (issue 17)
+    }
+
+
+def compile_data(w: dict) -> dict:
+    """The window's torch.compile compilations (gputop/probe/compiles.py) as probe_step fields."""
+    none = {"compile_s": None, "compiles": None, "recompiles": None, "recompile_limit_hits": None,
+            "graph_breaks": None, "recompiles_total": None, "recompile_limit_hits_total": None,
+            "recompile_fn": None, "recompile_where": None, "recompile_reason": None, "recompile_count": None}
+    if "compile" not in w:
+        return {**none, "compile_off": "this probe does not read compilations (a gputop older than that)"}
+    f = w.get("compile")
+    if not isinstance(f, dict):
+        return {**none, "compile_off": "torch.compile not in use (dynamo not loaded)"}
+    secs = _num(f.get("s"))
+    top = f.get("top") if isinstance(f.get("top"), dict) else {}
+    return {
+        "compile_s": _r(secs, 6) if secs is not None and secs >= 0 else None,
+        "compiles": _int(f.get("n")), "recompiles": _int(f.get("recompiles")),
+        "recompile_limit_hits": _int(f.get("limit_hits")), "graph_breaks": _int(f.get("breaks")),
+        "recompiles_total": _int(f.get("recompiles_total")),
+        "recompile_limit_hits_total": _int(f.get("limit_hits_total")),
+        "recompile_fn": _str(top.get("function")), "recompile_where": _str(top.get("where")),
+        "recompile_reason": _str(top.get("reason")), "recompile_count": _int(top.get("count")),
+        "compile_off": None,
     }
 
 

@@ -33,7 +33,8 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
                "communication_bound": "collective", "cpu_oversubscribed": "cpu_wait", "host_bound": "cpu",
                "io_stall": "io", "loop_blocked": "blocked"}
 # causes judged without the budget's categories (the GPU's own view), capped by its idle share
-CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled")
+CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
+                  "recompilation")
 # verdicts never gated by the GPU's busy share: a stopped loop, and ranks compared with each other
 NOT_GATED = ("stalled", "straggler_rank")
 # a stopped loop is not a share of the step's time that a fix wins back: it has no gain, and it

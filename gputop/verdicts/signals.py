@@ -233,6 +233,14 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.have.add("probe")
     # Every step per observed second: the probe's own per-window steps/s, over the window.
     sig.set("probe.steps_per_s", pool.steps_per_observed_s)
+    # torch.compile's compilations (gputop/probe/compiles.py), also in windows without a step
+    sig.set("probe.compile_share", pool.compile_share)
+    if pool.compile_s is not None:
+        sig.set("probe.recompiles", float(pool.recompiles))
+        sig.set("probe.recompile_limit_hits", float(pool.recompile_limit_hits))
+        sig.facts["recompile_top"] = pool.recompile_top
+        total = samples[-1].get("recompile_limit_hits_total")
+        sig.facts["recompile_limit_total"] = total if type(total) is int else 0
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:
         return
     sig.set("probe.step_ms", pool.step_ms_mean)

@@ -1,0 +1,100 @@
+"""torch.compile's compilations, read on the probe thread from what dynamo keeps anyway.
+
+Dynamo records one ``CompilationMetrics`` per frame it compiles (or tries to) in
+``torch._dynamo.utils``'s bounded deque (64 entries; ``get_compilation_metrics()``): the
+function (``co_name``, ``co_filename``, ``co_firstlineno``), the compile id ("frame/attempt"),
+how long the compile took (``entire_frame_compile_time_s``), the guard that failed when it is a
+recompile (``recompile_reason``: "tensor 'x' size mismatch at index 0. expected 8, actual 9"),
+graph breaks, and a failure (``fail_reason``: "Dynamo recompile limit exceeded": from then on
+that function runs uncompiled). Each window, the entries not seen before are summed into the
+window message's ``compile`` field (docs/metrics.md, "In-process probe").
+
+Never imports dynamo (a job that never compiles never loads it): it reads the module only when
+the job has loaded it. Reading the deque from this thread while the job appends to it may raise
+("deque mutated during iteration"): the window then says nothing new and the next one reads it.
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+import sys
+
+MAX_FRAMES = 256           # functions remembered by compile id (names for entries that lack one)
+MAX_REASON = 300           # characters of a guard-failure reason kept
+
+
+def _is_limit(fail: object) -> bool:
+    text = str(fail or "").lower()
+    return "recompile limit" in text or "recompile_limit" in text or "cache_size_limit" in text \
+        or "cache size limit" in text
+
+
+class CompileWatch:
+    def __init__(self) -> None:
+        self._seen: set[tuple] = set()          # keys of the deque's entries already summed
+        self._frames: dict[str, tuple] = {}     # dynamo frame id -> (function, "file:line")
+        self.recompiles_total = 0
+        self.limit_hits_total = 0
+
+    def window(self) -> dict | None:
+        """The compilations since the last call (None until the job has loaded dynamo)."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        get = getattr(utils, "get_compilation_metrics", None) if utils is not None else None
+        if get is None:
+            return None
+        try:
+            entries = get()
+        except Exception:   # the deque changed while it was copied: the next window reads it
+            return {"n": 0, "s": 0.0, "recompiles": 0, "limit_hits": 0, "breaks": 0, "top": None,
+                    "recompiles_total": self.recompiles_total, "limit_hits_total": self.limit_hits_total}
+        keys, new = set(), []
+        for m in entries:
+            key = (getattr(m, "compile_id", None), getattr(m, "start_time_us", None) or getattr(m, "start_time", None))
+            keys.add(key)
+            if key not in self._seen:
+                new.append(m)
+        self._seen = keys   # only what the bounded deque still holds
+        n, secs, recompiles, limits, breaks = 0, 0.0, 0, 0, 0
+        by_fn: dict[tuple, list] = {}   # (function, where) -> [recompiles, last reason]
+        for m in new:
+            n += 1
+            s = getattr(m, "entire_frame_compile_time_s", None)
+            if not isinstance(s, (int, float)):
+                us = getattr(m, "duration_us", None)
+                s = us / 1e6 if isinstance(us, (int, float)) else 0.0
+            secs += max(0.0, float(s))
+            b = getattr(m, "num_graph_breaks", None)
+            breaks += b if isinstance(b, int) and b > 0 else 0
+            fn = self._function(m)
+            reason = getattr(m, "recompile_reason", None)
+            limit = _is_limit(getattr(m, "fail_reason", None))
+            limits += limit
+            if reason or limit:
+                recompiles += bool(reason) and not limit
+                entry = by_fn.setdefault(fn, [0, None, False])
+                entry[0] += 1
+                entry[1] = str(reason)[:MAX_REASON] if reason else entry[1]
+                entry[2] = entry[2] or limit
+        self.recompiles_total += recompiles
+        self.limit_hits_total += limits
+        top = None
+        if by_fn:
+            (name, where), (count, reason, limit) = max(by_fn.items(), key=lambda kv: kv[1][0])
+            top = {"function": name, "where": where, "count": count, "reason": reason, "limit": limit}
+        return {"n": n, "s": round(secs, 6), "recompiles": recompiles, "limit_hits": limits, "breaks": breaks,
+                "top": top, "recompiles_total": self.recompiles_total, "limit_hits_total": self.limit_hits_total}
+
+    def _function(self, m) -> tuple:
+        """(function, "file:line") of an entry; an entry without a name (a failed attempt) gets
+        the one an earlier attempt of the same frame had."""
+        cid = str(getattr(m, "compile_id", "") or "")
+        frame = cid.strip("[]").split("/")[0] if cid else ""
+        name, filename, line = (getattr(m, "co_name", None), getattr(m, "co_filename", None),
+                                getattr(m, "co_firstlineno", None))
+        if isinstance(name, str) and name:
+            got = (name[:200], f"{filename}:{line}" if filename else None)
+            if frame and (frame in self._frames or len(self._frames) < MAX_FRAMES):
+                self._frames[frame] = got
+            return got
+        return self._frames.get(frame, (None, None))

@@ -1,0 +1,60 @@
+"""The rule that reads torch.compile's own record of its compilations (the probe's
+``compile_*`` and ``recompile_*`` fields, gputop/probe/compiles.py): ``recompilation``.
+
+A compile is warm-up the first time a function is compiled. When a guard fails afterwards (a new
+input shape, a Python value that changed, a module attribute that flipped) dynamo compiles the
+function again, and the loop stops for it each time: seconds per recompile under inductor on a
+GPU. So the cost is the share of the window's wall time spent compiling, and it is a verdict
+only when recompiles (not first compiles) happen in training, after warm-up. When a function
+recompiled ``recompile_limit`` times (8 by default), dynamo gives up and runs it uncompiled from
+then on: no compile time any more, but the compiled speed is gone; the verdict says so.
+
+(This module imports nothing from rules.py, which imports it to register this rule.)
+"""
+
+from __future__ import annotations
+
+from gputop.verdicts.finding import SEVERITY_WARNING, Finding, pct, rounded
+from gputop.verdicts.registry import verdict
+from gputop.verdicts.signals import Signals
+
+RECOMPILE_SHARE = 0.05      # of wall time: compiling again after warm-up
+RECOMPILE_MIN = 2           # recompiles in the window: one is a new code path, not a pattern
+LIMIT_LEVEL = 1.0           # a function over its recompile limit: holds (a warning), whatever the time
+LIMIT_LOSS = 0.0            # ... with no measurable loss (what compiling would have won is unknown)
+
+
+@verdict(title="Recompiling: torch.compile compiles the same code again", severity=SEVERITY_WARNING, order=35,
+         meaning="after warm-up, torch.compile recompiles >= {RECOMPILE_SHARE:.0%} of the time, "
+                 "or gave up at its limit")
+def recompilation(sig: Signals) -> Finding | None:
+    share = sig.get("probe.compile_share")
+    if share is None:
+        return None
+    recompiles = sig.get("probe.recompiles") or 0.0
+    limit_total = sig.facts.get("recompile_limit_total") or 0
+    top = sig.facts.get("recompile_top") if isinstance(sig.facts.get("recompile_top"), dict) else {}
+    level = share / RECOMPILE_SHARE if recompiles >= RECOMPILE_MIN else 0.0
+    lost = share if recompiles >= RECOMPILE_MIN else LIMIT_LOSS
+    if limit_total > 0:
+        level = max(level, LIMIT_LEVEL)
+    fn, where, reason = top.get("function"), top.get("where"), top.get("reason")
+    name = f"`{fn}`" + (f" ({where})" if where else "") if fn else "a compiled function"
+    why = f' The guard that failed: "{reason}".' if reason else ""
+    if limit_total > 0 and recompiles < RECOMPILE_MIN:
+        summary = f"{name} hit torch.compile's recompile limit: it runs uncompiled from then on"
+    else:
+        summary = f"{pct(share)}% of the time recompiling {name}: {int(recompiles)} recompiles in the window"
+    advice = ("Make the guard hold: pad or bucket variable shapes to a few sizes (or mark the dimension "
+              "dynamic: torch._dynamo.mark_dynamic(x, dim), or torch.compile(dynamic=True)); pass changing "
+              "Python numbers as tensors; keep module attributes and train/eval mode fixed inside the "
+              "compiled region. TORCH_LOGS=recompiles prints every guard failure." + why)
+    if limit_total > 0:
+        advice += (" Raising torch._dynamo.config.recompile_limit only moves the cost: each recompile stops "
+                   "the loop again.")
+    return recompilation.spec.finding(
+        level=level, lost_share=lost, confidence=0.9,
+        evidence={"compile_pct": pct(share), "recompiles": int(recompiles),
+                  "recompile_limit_hits": int(limit_total), "function": fn, "where": where,
+                  "guard_failed": reason, "window_compile_share": rounded(share, 4)},
+        advice=advice, summary=summary, missing=())
