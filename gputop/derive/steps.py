@@ -121,6 +121,17 @@ class StepPool:
     recompiles: int = 0
     recompile_limit_hits: int = 0
     recompile_top: dict | None = None   # the window's function with most recompiles (newest such)
+    # GradScaler (gputop/probe/amp_scaler.py): None where no window saw a scaler step
+    scaler_steps: int | None = None
+    skipped_steps: int = 0
+    skipped_unknown: int = 0            # steps of fused optimizers: skips not seen
+    loss_scales: list = field(default_factory=list)   # each window's loss scale, in order (None: not known)
+
+    @property
+    def skipped_share(self) -> float | None:
+        """Share of the GradScaler steps whose skip was seen that were skipped (0-1)."""
+        seen = (self.scaler_steps or 0) - self.skipped_unknown
+        return self.skipped_steps / seen if seen > 0 else None
 
     @property
     def compile_share(self) -> float | None:
@@ -246,6 +257,9 @@ def pool_steps(windows) -> StepPool:
     compile_w = 0.0
     recompiles = limit_hits = 0
     top: dict | None = None
+    scaler_steps: int | None = None
+    skipped = skipped_unknown = 0
+    scales: list = []
     for s in windows:
         n = _int(s.get("step_n"))
         w = _n(s.get("window_s")) or 0.0
@@ -293,12 +307,19 @@ def pool_steps(windows) -> StepPool:
                 top = {"function": s.get("recompile_fn"), "where": s.get("recompile_where"),
                        "reason": s.get("recompile_reason"), "count": _int(s.get("recompile_count")),
                        "limit": bool(_int(s.get("recompile_limit_hits")))}
+        ss = s.get("scaler_steps")
+        if type(ss) is int and ss > 0:
+            scaler_steps = (scaler_steps or 0) + ss
+            skipped += _int(s.get("skipped_steps"))
+            skipped_unknown += _int(s.get("skipped_unknown"))
+            scales.append(_n(s.get("loss_scale")))
     return StepPool(windows=len(windows), steps=steps, timed_steps=timed, step_s_sum=step_s, observed_s=observed,
                     training_s=training, fed_s=fed, data_wait_s_sum=wait, gpu_n=gpu_n, gpu_s_sum=gpu_s,
                     syncs=syncs, sync_steps=sync_steps, batches=batches, step_batches=step_batches,
                     step_samples=step_samples, samples=samples, step_hist=hist, step_ms_max=step_max,
                     compile_s=compile_s, compile_observed_s=compile_w, recompiles=recompiles,
-                    recompile_limit_hits=limit_hits, recompile_top=top)
+                    recompile_limit_hits=limit_hits, recompile_top=top, scaler_steps=scaler_steps,
+                    skipped_steps=skipped, skipped_unknown=skipped_unknown, loss_scales=scales)
 
 
 def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory: list[Sample],

@@ -12,6 +12,8 @@ Hooks:
   ``DataLoader.__iter__`` (worker start-up, also time the loop waits for data).
 - ``autocast``: wraps ``torch.amp.autocast_mode.autocast.__enter__`` to see AMP in use.
 - ``compile``: wraps ``torch.compile`` to see it in use (mode, backend).
+- ``grad_scaler``: wraps ``torch.amp.GradScaler.step``/``update`` to count skipped steps
+  (amp_scaler.py: a step call during which the optimizer hook did not fire).
 - ``cuda_events``: CUDA events at step boundaries (core.Probe), only with a monitor attached.
 - ``syncs``: ``torch.cuda.set_sync_debug_mode("warn")`` while a monitor is attached and CUDA is
   in use; each implicit sync then raises a UserWarning at the Python line that caused it, which
@@ -36,6 +38,7 @@ import threading
 import warnings
 
 from gputop.probe import wire
+from gputop.probe.amp_scaler import ScalerWatch
 from gputop.probe.compiles import CompileWatch
 from gputop.probe.core import Probe, _env_int, _mono
 # The syncs hook (its own concern: warnings plumbing); its names importable from here as before.
@@ -59,6 +62,8 @@ class TorchHooks(SyncCapture):
         self.compile_calls: list[dict] = []
         self.compile_count = 0
         self.compiles = CompileWatch()     # dynamo's compilations, read per window (probe thread)
+        self.optimizer_calls = 0           # optimizer steps torch's global hook saw
+        self.scaler = ScalerWatch(self)    # GradScaler's skipped steps (gputop/probe/amp_scaler.py)
         self._sync_filter = None           # SYNC_FILTER while we keep it in warnings.filters
         self._showwarnmsg = None           # our wrapper of warnings._showwarnmsg, once installed
         self._add_filter = None            # our wrapper of warnings._add_filter, once installed
@@ -81,7 +86,8 @@ class TorchHooks(SyncCapture):
     def install(self) -> None:
         p, torch = self.probe, self.torch
         for name, fn in (("optimizer_step", self._install_optimizer), ("dataloader", self._install_dataloader),
-                         ("autocast", self._install_autocast), ("compile", self._install_compile)):
+                         ("autocast", self._install_autocast), ("compile", self._install_compile),
+                         ("grad_scaler", self._install_grad_scaler)):
             try:
                 fn()
             except Exception as e:  # an API that moved: skip the hook, say which
@@ -121,6 +127,7 @@ class TorchHooks(SyncCapture):
 
     def uninstall(self) -> None:
         self.opt_on = self.dl_on = self.amp_on = self.compile_on = False
+        self.scaler.on = False
         if getattr(self, "collectives", None) is not None:
             self.collectives.uninstall()
         try:
@@ -143,6 +150,8 @@ class TorchHooks(SyncCapture):
             self.amp_on = False
         elif name == "compile":
             self.compile_on = False
+        elif name == "grad_scaler":
+            self.scaler.on = False
         elif name in ("collectives", "ddp_comm") and getattr(self, "collectives", None) is not None:
             self.collectives.disable(name)
         elif name == "syncs":
@@ -164,6 +173,7 @@ class TorchHooks(SyncCapture):
         hooks = self
 
         def gputop_optimizer_step_hook(optimizer, args, kwargs):
+            hooks.optimizer_calls += 1     # (GradScaler's skipped steps: amp_scaler.py)
             if not hooks.opt_on or is_compiling():
                 return
             try:
@@ -175,6 +185,13 @@ class TorchHooks(SyncCapture):
         self._undo.append(handle.remove)
         self.opt_on = True
         p.set_hook("optimizer_step", "on", "steps from torch's global optimizer-step hook")
+
+    def _install_grad_scaler(self) -> None:
+        if not self.opt_on:
+            self.probe.set_hook("grad_scaler", "unavailable", "needs the optimizer_step hook to see skipped steps")
+            return
+        self.scaler.install(self.torch)
+        self.probe.set_hook("grad_scaler", "on", "GradScaler.step calls that did not step the optimizer")
 
     def _install_dataloader(self) -> None:
         p, torch = self.probe, self.torch

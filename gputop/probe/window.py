@@ -97,6 +97,9 @@ class _WindowState:
             "probe_cpu_s": p.thread_cpu_s,
             "flops": p.flops.message() if p.flops is not None else {"off": "torch is not imported (yet)"},
         }
+        scaler = getattr(p.torch_hooks, "scaler", None)
+        if scaler is not None:
+            msg["amp"] = scaler.totals()      # GradScaler's steps and skips, since load (amp_scaler.py)
         watch = getattr(p.torch_hooks, "compiles", None)
         if watch is not None:
             msg["compile"] = watch.window()   # torch.compile's compilations (gputop/probe/compiles.py)

@@ -92,6 +92,7 @@ class _ProbeConn:
         self.hooks: dict = {}
         self.last_window: float | None = None
         self.last_cpu: tuple[float, float] | None = None  # (probe thread CPU s, t1)
+        self.last_amp: dict | None = None  # GradScaler totals of the last window (probe_messages.amp_data)
 
 
 # Message types that become samples (or events): each takes one from the probe's sample budget.

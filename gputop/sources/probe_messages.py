@@ -127,8 +127,31 @@ def step_data(c, w: dict) -> dict:
         "probe_cpu_pct": probe_cpu_pct,
         **flops_data(w.get("flops")),
         **compile_data(w),                             # torch.compile's compilations (issue 30)
+        **amp_data(c, w),                              # GradScaler's skipped steps (issue 30)
         **collective_step_data(w, step_n, step_sum),   # DDP/FSDP collectives (issue 17)
     }
+
+
+def amp_data(c, w: dict) -> dict:
+    """GradScaler's steps and skips in the window (gputop/probe/amp_scaler.py sends totals since
+    the probe loaded: the window's are the differences from connection ``c``'s last ones)."""
+    f = w.get("amp")
+    none = {"scaler_steps": None, "skipped_steps": None, "skipped_unknown": None, "loss_scale": None,
+            "loss_scale_read": None}
+    if not isinstance(f, dict):
+        return none
+    tot = {k: _int(f.get(k)) for k in ("steps", "skipped", "unknown")}
+    if any(v is None or v < 0 for v in tot.values()):
+        return none
+    last = getattr(c, "last_amp", None) or {"steps": 0, "skipped": 0, "unknown": 0}
+    if any(tot[k] < last[k] for k in tot):   # a new process behind the same connection: start again
+        last = {"steps": 0, "skipped": 0, "unknown": 0}
+    c.last_amp = tot
+    scale = _num(f.get("scale"))
+    return {"scaler_steps": tot["steps"] - last["steps"], "skipped_steps": tot["skipped"] - last["skipped"],
+            "skipped_unknown": tot["unknown"] - last["unknown"],
+            "loss_scale": scale if scale is not None and scale >= 0 else None,
+            "loss_scale_read": bool(f.get("scale_read")) if scale is not None else None}
 
 
 def compile_data(w: dict) -> dict:

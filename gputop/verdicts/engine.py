@@ -21,7 +21,7 @@ from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
 from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
-from gputop.verdicts.causal import BUSY_GATE, NOT_GATED, URGENT, causal_loss, fix_gain, gpu_busy
+from gputop.verdicts.causal import BUSY_GATE, NO_GAIN, NOT_GATED, URGENT, causal_loss, fix_gain, gpu_busy
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
@@ -133,7 +133,7 @@ class VerdictEngine:
         that holds becomes a note instead of a verdict."""
         busy = gpu_busy(sig)
         for vid, f in list(found.items()):
-            if vid in NOT_A_CAUSE or vid in URGENT:
+            if vid in NOT_A_CAUSE or vid in URGENT or vid in NO_GAIN:
                 continue
             loss = causal_loss(vid, f.lost_share, sig)
             gain = fix_gain(loss)

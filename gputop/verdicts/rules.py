@@ -572,6 +572,7 @@ def straggler_rank(ranks: list, findings: dict) -> Finding | None:
 # GPU) before gpu_bound, and the power cap or a nearly full GPU never outrank a busy GPU.
 from gputop.verdicts import budget_rules  # noqa: E402,F401  (its rules register themselves)
 from gputop.verdicts import compile_rules  # noqa: E402,F401  (likewise)
+from gputop.verdicts import amp_rules  # noqa: E402,F401  (likewise)
 from gputop.verdicts import stall_rules  # noqa: E402,F401  (the stalled verdict)
 
 RULES: list[Callable[[Signals], Finding | None]] = [s.rule for s in specs() if not s.across_ranks]

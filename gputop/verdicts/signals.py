@@ -241,6 +241,13 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
         sig.facts["recompile_top"] = pool.recompile_top
         total = samples[-1].get("recompile_limit_hits_total")
         sig.facts["recompile_limit_total"] = total if type(total) is int else 0
+    # GradScaler's skipped optimizer steps (gputop/probe/amp_scaler.py)
+    sig.set("probe.skipped_share", pool.skipped_share)
+    if pool.scaler_steps:
+        sig.set("probe.scaler_steps", float(pool.scaler_steps))
+        sig.set("probe.skipped_steps", float(pool.skipped_steps))
+        known = [v for v in pool.loss_scales if v is not None]
+        sig.facts["loss_scale"] = (known[0], known[-1], min(known)) if known else None
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:
         return
     sig.set("probe.step_ms", pool.step_ms_mean)

@@ -1,0 +1,39 @@
+"""Mixed precision that throws its steps away (issue 30, item 3): an fp16 forward that overflows
+makes GradScaler skip every optimizer step while the loop runs at full speed. The probe counts
+the GradScaler.step calls during which the optimizer did not step (no sync: the scaler has read
+found_inf itself); ``skipped_steps`` names the share skipped and what the loss scale did, and is
+absent with bf16 autocast. Real torch (CPU autocast and GradScaler("cpu")), the real probe, real
+gputop: ``gputop run --headless --json``."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+JOB = pathlib.Path(__file__).resolve().parent / "workloads" / "amp_overflow_train.py"
+
+
+def _report(*job_args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "gputop", "run", "--headless", "--duration", "20", "--json", "--",
+                          sys.executable, str(JOB), *job_args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.serial   # (alone: beside other tests' jobs cpu_oversubscribed is the honest co-verdict)
+def test_every_step_skipped_is_named_and_bf16_is_not():
+    rep = _report()
+    v = rep["verdicts"].get("skipped_steps")
+    assert v is not None, rep["verdicts"].keys()
+    assert rep["primary_verdict"]["id"] == "skipped_steps", rep["primary_verdict"]
+    ev = v["evidence"]
+    assert ev["skipped_pct"] >= 98.0, ev            # every step overflows: within 2 points of 100%
+    assert ev["loss_scale_last"] == 0.0 and "every step overflows" in v["summary"], v["summary"]
+    assert rep["primary_verdict"]["gain_pct"] is None   # no steps/s gain: the steps are thrown away
+    assert "bf16 autocast" in v["advice"]
+    fixed = _report("--fixed")
+    assert "skipped_steps" not in fixed["verdicts"], fixed["verdicts"].keys()
