@@ -85,7 +85,7 @@ def test_a_window_of_about_40_moments_is_one_span(moments):
     """The UI's first 2 s windows and the agent's 20 s ones (~40 moments) are judged whole."""
     proc = BudgetProcessor()
     calls = []
-    proc._judge_span = lambda ms, t0, t1, steps, readings: calls.append(len(ms)) or False
+    proc._judge_span = lambda ms, t0, t1, steps, readings, *more: calls.append(len(ms)) or False
     proc._judge_moments(moments[:79], moments[78].t, [])
     proc._judge_moments(moments[100:180], moments[179].t, [])
     assert calls == [79, 40, 40]
@@ -112,7 +112,8 @@ def test_a_calm_window_is_judged_in_spans_of_the_same_time(moments):
     full = judged(moments, 20, bp.PHASE_SPAN_MOMENTS)
     assert full[0][ph.CHECKPOINTING] > 5 and len(full[1]) >= 7, full
     calm = judged(half, 10, bp.PHASE_SPAN_MOMENTS // 2)
-    assert calm[0] == pytest.approx(full[0], abs=0.05) and [p for _, p in calm[1]] == [p for _, p in full[1]]
+    # (to one calm moment, 0.1 s: a phase's edge falls on a moment the calm rate did not take)
+    assert calm[0] == pytest.approx(full[0], abs=0.1) and [p for _, p in calm[1]] == [p for _, p in full[1]]
     unweighted = judged(half, 10, bp.PHASE_SPAN_MOMENTS)
     assert [p for _, p in unweighted[1]] != [p for _, p in full[1]], "the bug the weight fixes"
 
