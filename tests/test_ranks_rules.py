@@ -19,7 +19,7 @@ import psutil
 from gputop.derive.ranks import rank_table
 from gputop.model import Sample
 from gputop.sources.host import HostSource
-from gputop.sources.ranks import RankFinder, gpu_hint, rank_env
+from gputop.sources.ranks import EnvironNotReady, RankFinder, gpu_hint, rank_env
 from gputop.sources.target import Target
 
 BASE = 4_000_000_000   # no real PID is this big: /proc has nothing for these
@@ -53,6 +53,11 @@ class Tree:
         env = self.envs[p]
         if env is PermissionError:
             raise PermissionError(13, "Permission denied")
+        if isinstance(env, list):   # reads in turn (EnvironNotReady: a read mid-exec)
+            got = env.pop(0) if len(env) > 1 else env[0]
+            if got is EnvironNotReady:
+                raise EnvironNotReady("mid-exec")
+            return got
         return env
 
 
@@ -301,3 +306,16 @@ def test_rank_table_exited_rank_keeps_its_last_values_and_sorts_after():
     assert rows[1]["collective_pct"] == 60.0 and rows[1]["why"] == "exited"
     assert rows[0]["steps_per_s"] == 0.0 and rows[0]["step_ms"] is None   # a real zero stays a zero
     assert rows[0]["restart_count"] == 1
+
+
+def test_an_environment_read_mid_exec_is_read_again_at_the_next_tick():
+    """A read of /proc/PID/environ inside the process's exec gives nothing (ranks.EnvironNotReady):
+    not "no rank" for the process's life (its name and command line do not change again), but a
+    read again at the next tick, which names the rank."""
+    t = Tree()
+    t.add(0, None, TORCHRUN)
+    t.add(1, 0, PY, {"RANK": "0", "LOCAL_RANK": "0", **ELASTIC})
+    t.envs[pid(1)] = [EnvironNotReady, {"RANK": "0", "LOCAL_RANK": "0", **ELASTIC}]
+    f = finder(t)
+    assert ranks_of(f.update(0.0, t.procs)) == {}
+    assert ranks_of(f.update(1.0, t.procs)) == {1: (0, "running")}

@@ -117,8 +117,10 @@ class StepPool:
     step_ms_max: float | None = None
     # torch.compile (gputop/probe/compiles.py): None where no window read dynamo's compilations
     compile_s: float | None = None      # Σ seconds compiling
+    recompile_s: float = 0.0            # Σ seconds of those that were recompiles (a guard failed)
     compile_observed_s: float = 0.0     # Σ window_s of the windows that read them
     recompiles: int = 0
+    recompile_windows: int = 0          # windows with a recompile (one is an event, not a pattern)
     recompile_limit_hits: int = 0
     recompile_top: dict | None = None   # the window's function with most recompiles (newest such)
     # GradScaler (gputop/probe/amp_scaler.py): None where no window saw a scaler step
@@ -139,6 +141,13 @@ class StepPool:
         if self.compile_s is None or not self.compile_observed_s:
             return None
         return min(1.0, self.compile_s / self.compile_observed_s)
+
+    @property
+    def recompile_share(self) -> float | None:
+        """Share of the watched time spent recompiling (0-1): compiles whose guard failed."""
+        if self.compile_s is None or not self.compile_observed_s:
+            return None
+        return min(1.0, self.recompile_s / self.compile_observed_s)
 
     @property
     def steps_per_observed_s(self) -> float | None:
@@ -254,8 +263,8 @@ def pool_steps(windows) -> StepPool:
     hist: dict[int, int] = {}
     step_max: float | None = None
     compile_s: float | None = None
-    compile_w = 0.0
-    recompiles = limit_hits = 0
+    compile_w = recompile_s = 0.0
+    recompiles = limit_hits = recompile_windows = 0
     top: dict | None = None
     scaler_steps: int | None = None
     skipped = skipped_unknown = 0
@@ -301,7 +310,9 @@ def pool_steps(windows) -> StepPool:
         if cs is not None and cs >= 0:
             compile_s = (compile_s or 0.0) + cs
             compile_w += w
+            recompile_s += max(0.0, _n(s.get("recompile_s")) or 0.0)
             recompiles += _int(s.get("recompiles"))
+            recompile_windows += _int(s.get("recompiles")) > 0
             limit_hits += _int(s.get("recompile_limit_hits"))
             if s.get("recompile_fn") is not None or s.get("recompile_reason") is not None:
                 top = {"function": s.get("recompile_fn"), "where": s.get("recompile_where"),
@@ -317,7 +328,8 @@ def pool_steps(windows) -> StepPool:
                     training_s=training, fed_s=fed, data_wait_s_sum=wait, gpu_n=gpu_n, gpu_s_sum=gpu_s,
                     syncs=syncs, sync_steps=sync_steps, batches=batches, step_batches=step_batches,
                     step_samples=step_samples, samples=samples, step_hist=hist, step_ms_max=step_max,
-                    compile_s=compile_s, compile_observed_s=compile_w, recompiles=recompiles,
+                    compile_s=compile_s, recompile_s=recompile_s, compile_observed_s=compile_w,
+                    recompiles=recompiles, recompile_windows=recompile_windows,
                     recompile_limit_hits=limit_hits, recompile_top=top, scaler_steps=scaler_steps,
                     skipped_steps=skipped, skipped_unknown=skipped_unknown, loss_scales=scales)
 

@@ -7,7 +7,8 @@ how long the compile took (``entire_frame_compile_time_s``), the guard that fail
 recompile (``recompile_reason``: "tensor 'x' size mismatch at index 0. expected 8, actual 9"),
 graph breaks, and a failure (``fail_reason``: "Dynamo recompile limit exceeded": from then on
 that function runs uncompiled). Each window, the entries not seen before are summed into the
-window message's ``compile`` field (docs/metrics.md, "In-process probe").
+window message's ``compile`` field (docs/metrics.md, "In-process probe"); what was compiled
+before the first monitor came is not (``baseline``).
 
 Never imports dynamo (a job that never compiles never loads it): it reads the module only when
 the job has loaded it. Reading the deque from this thread while the job appends to it may raise
@@ -34,28 +35,48 @@ class CompileWatch:
     def __init__(self) -> None:
         self._seen: set[tuple] = set()          # keys of the deque's entries already summed
         self._frames: dict[str, tuple] = {}     # dynamo frame id -> (function, "file:line")
-        self.recompiles_total = 0
+        self.recompiles_total = 0               # since the first monitor came (baseline())
         self.limit_hits_total = 0
+        self.limit_top: dict | None = None      # the last function given up at its recompile limit
 
-    def window(self) -> dict | None:
-        """The compilations since the last call (None until the job has loaded dynamo)."""
+    @staticmethod
+    def _entries() -> list | None:
         utils = sys.modules.get("torch._dynamo.utils")
         get = getattr(utils, "get_compilation_metrics", None) if utils is not None else None
         if get is None:
             return None
         try:
-            entries = get()
+            return get()
         except Exception:   # the deque changed while it was copied: the next window reads it
-            return {"n": 0, "s": 0.0, "recompiles": 0, "limit_hits": 0, "breaks": 0, "top": None,
-                    "recompiles_total": self.recompiles_total, "limit_hits_total": self.limit_hits_total}
+            return []
+
+    @staticmethod
+    def _key(m) -> tuple:
+        return (getattr(m, "compile_id", None), getattr(m, "start_time_us", None) or getattr(m, "start_time", None))
+
+    def baseline(self) -> None:
+        """A monitor came: what dynamo compiled before is not this window's (a late attach would
+        get the job's whole warm-up, up to 64 compiles, as one window's recompiles)."""
+        entries = self._entries()
+        if entries:
+            self._seen = {self._key(m) for m in entries}
+            for m in entries:
+                self._function(m)   # (names for a later attempt of the same frame)
+
+    def window(self) -> dict | None:
+        """The compilations since the last call (None until the job has loaded dynamo)."""
+        entries = self._entries()
+        if entries is None:
+            return None
         keys, new = set(), []
         for m in entries:
-            key = (getattr(m, "compile_id", None), getattr(m, "start_time_us", None) or getattr(m, "start_time", None))
+            key = self._key(m)
             keys.add(key)
             if key not in self._seen:
                 new.append(m)
-        self._seen = keys   # only what the bounded deque still holds
-        n, secs, recompiles, limits, breaks = 0, 0.0, 0, 0, 0
+        if entries:
+            self._seen = keys   # only what the bounded deque still holds
+        n, secs, rsecs, recompiles, limits, breaks = 0, 0.0, 0.0, 0, 0, 0
         by_fn: dict[tuple, list] = {}   # (function, where) -> [recompiles, last reason]
         for m in new:
             n += 1
@@ -63,13 +84,18 @@ class CompileWatch:
             if not isinstance(s, (int, float)):
                 us = getattr(m, "duration_us", None)
                 s = us / 1e6 if isinstance(us, (int, float)) else 0.0
-            secs += max(0.0, float(s))
+            s = max(0.0, float(s))
+            secs += s
             b = getattr(m, "num_graph_breaks", None)
             breaks += b if isinstance(b, int) and b > 0 else 0
             fn = self._function(m)
             reason = getattr(m, "recompile_reason", None)
             limit = _is_limit(getattr(m, "fail_reason", None))
             limits += limit
+            if reason:
+                rsecs += s
+            if limit:
+                self.limit_top = {"function": fn[0], "where": fn[1]}
             if reason or limit:
                 recompiles += bool(reason) and not limit
                 entry = by_fn.setdefault(fn, [0, None, False])
@@ -82,8 +108,9 @@ class CompileWatch:
         if by_fn:
             (name, where), (count, reason, limit) = max(by_fn.items(), key=lambda kv: kv[1][0])
             top = {"function": name, "where": where, "count": count, "reason": reason, "limit": limit}
-        return {"n": n, "s": round(secs, 6), "recompiles": recompiles, "limit_hits": limits, "breaks": breaks,
-                "top": top, "recompiles_total": self.recompiles_total, "limit_hits_total": self.limit_hits_total}
+        return {"n": n, "s": round(secs, 6), "rs": round(rsecs, 6), "recompiles": recompiles, "limit_hits": limits,
+                "breaks": breaks, "top": top, "recompiles_total": self.recompiles_total,
+                "limit_hits_total": self.limit_hits_total, "limit_top": self.limit_top}
 
     def _function(self, m) -> tuple:
         """(function, "file:line") of an entry; an entry without a name (a failed attempt) gets

@@ -173,8 +173,10 @@ class TorchHooks(SyncCapture):
         hooks = self
 
         def gputop_optimizer_step_hook(optimizer, args, kwargs):
+            if is_compiling():   # first: nothing here may be traced into a compiled step (a guard
+                return           # on a changing count would recompile it every step)
             hooks.optimizer_calls += 1     # (GradScaler's skipped steps: amp_scaler.py)
-            if not hooks.opt_on or is_compiling():
+            if not hooks.opt_on:
                 return
             try:
                 p.on_optimizer_step(optimizer)

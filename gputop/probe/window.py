@@ -36,6 +36,9 @@ class _WindowState:
         self.last_step = p.step_total
         self.sync_lines_prev = dict(p.sync_lines)
         self.rd_prev_end = None
+        watch = getattr(p.torch_hooks, "compiles", None)
+        if watch is not None:
+            watch.baseline()   # (a fresh window: compiles before it are not its own)
 
     def window_msg(self, now: float) -> dict:
         p = self.p
@@ -101,8 +104,8 @@ class _WindowState:
         if scaler is not None:
             msg["amp"] = scaler.totals()      # GradScaler's steps and skips, since load (amp_scaler.py)
         watch = getattr(p.torch_hooks, "compiles", None)
-        if watch is not None:
-            msg["compile"] = watch.window()   # torch.compile's compilations (gputop/probe/compiles.py)
+        # torch.compile's compilations (gputop/probe/compiles.py); None: torch not imported (yet)
+        msg["compile"] = watch.window() if watch is not None else None
         coll = getattr(p.torch_hooks, "collectives", None)
         if coll is not None:
             msg.update(coll.window_fields())   # coll_*: DDP/FSDP collectives (gputop/probe/collectives.py)

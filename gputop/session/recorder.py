@@ -241,23 +241,27 @@ class Recorder:
                 if isinstance(item, Sample):
                     run.append(item)
                     continue
-                for piece in _pieces(self._in_time_order(run)):
-                    written = self.writer.write_samples(piece)
-                    self.samples_written += len(piece)
-                    newest = max(x.t for x in piece)
-                    self.written_to = newest if self.written_to is None else max(self.written_to, newest)
-                    if written is not None:
-                        self._summarize(*written)
+                self._write_run(self._in_time_order(run))
                 run = []
                 if isinstance(item, dict):
                     self.writer.write_meta(item)
             if self.late > late_before:   # found while writing: said in the file at once
                 self._dropped_noted = self.dropped + self.late
-                self.writer.write_samples([Sample(self.written_to, KIND_HEALTH, "recorder", self.health())])
+                self._write_run([Sample(self.written_to, KIND_HEALTH, "recorder", self.health())])
         except OSError as e:  # disk full: say so, keep monitoring
             self.error = f"recording stopped early{self._at()}: {e.strerror}"
         except Exception as e:  # a sample that cannot be encoded: never kill the writer silently
             self.error = f"recording stopped early{self._at()}: {type(e).__name__}: {e}"
+
+    def _write_run(self, run: list[Sample]) -> None:
+        """Samples in time order, as chunks, each one summarized as it is written."""
+        for piece in _pieces(run):
+            written = self.writer.write_samples(piece)
+            self.samples_written += len(piece)
+            newest = max(x.t for x in piece)
+            self.written_to = newest if self.written_to is None else max(self.written_to, newest)
+            if written is not None:
+                self._summarize(*written)
 
     def _in_time_order(self, run: list[Sample]) -> list[Sample]:
         """``run`` sorted by time (stable: samples of one time keep their order), less the samples

@@ -143,10 +143,12 @@ def amp_data(c, w: dict) -> dict:
     tot = {k: _int(f.get(k)) for k in ("steps", "skipped", "unknown")}
     if any(v is None or v < 0 for v in tot.values()):
         return none
-    last = getattr(c, "last_amp", None) or {"steps": 0, "skipped": 0, "unknown": 0}
-    if any(tot[k] < last[k] for k in tot):   # a new process behind the same connection: start again
-        last = {"steps": 0, "skipped": 0, "unknown": 0}
+    last = getattr(c, "last_amp", None)
     c.last_amp = tot
+    if last is None or any(tot[k] < last[k] for k in tot):
+        # the connection's first word (or a new process behind it) is the baseline: the steps
+        # before this monitor came are not this window's (a late attach got them all at once)
+        return none
     scale = _num(f.get("scale"))
     return {"scaler_steps": tot["steps"] - last["steps"], "skipped_steps": tot["skipped"] - last["skipped"],
             "skipped_unknown": tot["unknown"] - last["unknown"],
@@ -156,18 +158,23 @@ def amp_data(c, w: dict) -> dict:
 
 def compile_data(w: dict) -> dict:
     """The window's torch.compile compilations (gputop/probe/compiles.py) as probe_step fields."""
-    none = {"compile_s": None, "compiles": None, "recompiles": None, "recompile_limit_hits": None,
-            "graph_breaks": None, "recompiles_total": None, "recompile_limit_hits_total": None,
-            "recompile_fn": None, "recompile_where": None, "recompile_reason": None, "recompile_count": None}
+    none = {"compile_s": None, "recompile_s": None, "compiles": None, "recompiles": None,
+            "recompile_limit_hits": None, "graph_breaks": None, "recompiles_total": None,
+            "recompile_limit_hits_total": None, "recompile_fn": None, "recompile_where": None,
+            "recompile_reason": None, "recompile_count": None, "recompile_limit_fn": None,
+            "recompile_limit_where": None}
     if "compile" not in w:
         return {**none, "compile_off": "this probe does not read compilations (a gputop older than that)"}
     f = w.get("compile")
     if not isinstance(f, dict):
         return {**none, "compile_off": "torch.compile not in use (dynamo not loaded)"}
-    secs = _num(f.get("s"))
+    secs, rsecs = _num(f.get("s")), _num(f.get("rs"))
     top = f.get("top") if isinstance(f.get("top"), dict) else {}
+    limit = f.get("limit_top") if isinstance(f.get("limit_top"), dict) else {}
     return {
         "compile_s": _r(secs, 6) if secs is not None and secs >= 0 else None,
+        "recompile_s": _r(rsecs, 6) if rsecs is not None and rsecs >= 0 else None,
+        "recompile_limit_fn": _str(limit.get("function")), "recompile_limit_where": _str(limit.get("where")),
         "compiles": _int(f.get("n")), "recompiles": _int(f.get("recompiles")),
         "recompile_limit_hits": _int(f.get("limit_hits")), "graph_breaks": _int(f.get("breaks")),
         "recompiles_total": _int(f.get("recompiles_total")),

@@ -5,8 +5,8 @@
 scale. A few skips while the scale calibrates (its first steps, and one after each growth) are
 how it works. A job whose fp16 forward overflows skips most steps: its GPU stays busy and its
 steps/s look healthy while it learns nothing. So this verdict is not gated by the GPU's busy
-share (verdicts/causal.py: NOT_GATED): a skipped step is lost throughput however busy the GPU
-was while it ran.
+share, and it has no steps/s gain (verdicts/causal.py: NO_GAIN): a skipped step is lost however
+busy the GPU was while it ran, and fixing it gains learning, not speed.
 
 (This module imports nothing from rules.py, which imports it to register this rule.)
 """
@@ -32,7 +32,7 @@ def skipped_steps(sig: Signals) -> Finding | None:
     if share is None:
         return None
     skipped = sig.get("probe.skipped_steps") or 0.0
-    steps = sig.get("probe.scaler_steps") or 0.0
+    steps = sig.get("probe.scaler_seen_steps") or 0.0   # (the share's denominator: steps whose skip was seen)
     level = share / SKIPPED_SHARE if skipped >= SKIPPED_MIN else 0.0
     scales = sig.facts.get("loss_scale")
     scale_text = ""

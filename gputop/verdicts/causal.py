@@ -36,13 +36,13 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
 CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
                   "recompilation")
 # verdicts never gated by the GPU's busy share: a stopped loop, and ranks compared with each other
-# (and skipped optimizer steps: the GPU busy on steps that are thrown away is the loss)
-NOT_GATED = ("stalled", "straggler_rank", "skipped_steps")
+NOT_GATED = ("stalled", "straggler_rank")
 # a stopped loop is not a share of the step's time that a fix wins back: it has no gain, and it
 # is primary at once (the job itself changed), whatever was primary before
 URGENT = ("stalled",)
 # skipped optimizer steps run at full speed and are thrown away: fixing them gains learning, not
-# steps/s, so they have no steps/s gain (their lost share, the share skipped, ranks them)
+# steps/s, so they have no steps/s gain (their lost share, the share skipped, ranks them); nor
+# are they gated by the GPU's busy share (a thrown-away step is lost however busy the GPU was)
 NO_GAIN = ("skipped_steps",)
 
 

@@ -5,7 +5,9 @@ A compile is warm-up the first time a function is compiled. When a guard fails a
 input shape, a Python value that changed, a module attribute that flipped) dynamo compiles the
 function again, and the loop stops for it each time: seconds per recompile under inductor on a
 GPU. So the cost is the share of the window's wall time spent compiling, and it is a verdict
-only when recompiles (not first compiles) happen in training, after warm-up. When a function
+only when recompiles (not first compiles) happen in training, after warm-up, in more than one
+probe window (one shape change recompiles every frame of a model at once: one event), and the
+share counted is the recompiles' own compile time. When a function
 recompiled ``recompile_limit`` times (8 by default), dynamo gives up and runs it uncompiled from
 then on: no compile time any more, but the compiled speed is gone; the verdict says so.
 
@@ -19,7 +21,8 @@ from gputop.verdicts.registry import verdict
 from gputop.verdicts.signals import Signals
 
 RECOMPILE_SHARE = 0.05      # of wall time: compiling again after warm-up
-RECOMPILE_MIN = 2           # recompiles in the window: one is a new code path, not a pattern
+RECOMPILE_WINDOWS = 2       # probe windows (~1 s) with a recompile: one shape change recompiles every
+#                             frame of a model at once, and once (automatic dynamic shapes): an event
 LIMIT_LEVEL = 1.0           # a function over its recompile limit: holds (a warning), whatever the time
 LIMIT_LOSS = 0.0            # ... with no measurable loss (what compiling would have won is unknown)
 
@@ -28,20 +31,25 @@ LIMIT_LOSS = 0.0            # ... with no measurable loss (what compiling would 
          meaning="after warm-up, torch.compile recompiles >= {RECOMPILE_SHARE:.0%} of the time, "
                  "or gave up at its limit")
 def recompilation(sig: Signals) -> Finding | None:
-    share = sig.get("probe.compile_share")
+    share = sig.get("probe.recompile_share")
     if share is None:
         return None
     recompiles = sig.get("probe.recompiles") or 0.0
+    repeated = (sig.get("probe.recompile_windows") or 0.0) >= RECOMPILE_WINDOWS
     limit_total = sig.facts.get("recompile_limit_total") or 0
     top = sig.facts.get("recompile_top") if isinstance(sig.facts.get("recompile_top"), dict) else {}
-    level = share / RECOMPILE_SHARE if recompiles >= RECOMPILE_MIN else 0.0
-    lost = share if recompiles >= RECOMPILE_MIN else LIMIT_LOSS
+    if not top.get("function") and limit_total > 0:
+        # the limit was hit before this window: its function, as the probe keeps it
+        limit_top = sig.facts.get("recompile_limit_top")
+        top = dict(limit_top) if isinstance(limit_top, dict) else {}
+    level = share / RECOMPILE_SHARE if repeated else 0.0
+    lost = share if repeated else LIMIT_LOSS
     if limit_total > 0:
         level = max(level, LIMIT_LEVEL)
     fn, where, reason = top.get("function"), top.get("where"), top.get("reason")
     name = f"`{fn}`" + (f" ({where})" if where else "") if fn else "a compiled function"
     why = f' The guard that failed: "{reason}".' if reason else ""
-    if limit_total > 0 and recompiles < RECOMPILE_MIN:
+    if limit_total > 0 and not repeated:
         summary = f"{name} hit torch.compile's recompile limit: it runs uncompiled from then on"
     else:
         summary = f"{pct(share)}% of the time recompiling {name}: {int(recompiles)} recompiles in the window"

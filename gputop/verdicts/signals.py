@@ -235,17 +235,23 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.set("probe.steps_per_s", pool.steps_per_observed_s)
     # torch.compile's compilations (gputop/probe/compiles.py), also in windows without a step
     sig.set("probe.compile_share", pool.compile_share)
+    sig.set("probe.recompile_share", pool.recompile_share)
     if pool.compile_s is not None:
         sig.set("probe.recompiles", float(pool.recompiles))
+        sig.set("probe.recompile_windows", float(pool.recompile_windows))
         sig.set("probe.recompile_limit_hits", float(pool.recompile_limit_hits))
         sig.facts["recompile_top"] = pool.recompile_top
-        total = samples[-1].get("recompile_limit_hits_total")
+        last = samples[-1]
+        total = last.get("recompile_limit_hits_total")
         sig.facts["recompile_limit_total"] = total if type(total) is int else 0
+        sig.facts["recompile_limit_top"] = {"function": last.get("recompile_limit_fn"),
+                                            "where": last.get("recompile_limit_where")}
     # GradScaler's skipped optimizer steps (gputop/probe/amp_scaler.py)
     sig.set("probe.skipped_share", pool.skipped_share)
     if pool.scaler_steps:
         sig.set("probe.scaler_steps", float(pool.scaler_steps))
         sig.set("probe.skipped_steps", float(pool.skipped_steps))
+        sig.set("probe.scaler_seen_steps", float(pool.scaler_steps - pool.skipped_unknown))
         known = [v for v in pool.loss_scales if v is not None]
         sig.facts["loss_scale"] = (known[0], known[-1], min(known)) if known else None
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:
