@@ -17,9 +17,10 @@ import pytest
 JOB = pathlib.Path(__file__).resolve().parent / "workloads" / "amp_overflow_train.py"
 
 
-def _report(*job_args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "gputop", "run", "--headless", "--duration", "20", "--json", "--",
-                          sys.executable, str(JOB), *job_args], capture_output=True, text=True, timeout=180)
+def _report(*job_args: str, seconds: int = 20) -> dict:
+    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
+           sys.executable, str(JOB), *job_args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -35,5 +36,5 @@ def test_every_step_skipped_is_named_and_bf16_is_not():
     assert ev["loss_scale_last"] == 0.0 and "every step overflows" in v["summary"], v["summary"]
     assert rep["primary_verdict"]["gain_pct"] is None   # no steps/s gain: the steps are thrown away
     assert "bf16 autocast" in v["advice"]
-    fixed = _report("--fixed")
+    fixed = _report("--fixed", seconds=15)
     assert "skipped_steps" not in fixed["verdicts"], fixed["verdicts"].keys()
