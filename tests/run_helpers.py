@@ -1,9 +1,12 @@
 """What the tests of `gputop run` share: a private home for gputop's state, runtime and probe
-directories, and whether a PID still runs (a zombie does not)."""
+directories, whether a PID still runs (a zombie does not), and a workload's --json report."""
 
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -26,3 +29,13 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def headless_report(workload: str, *job_args: str, seconds: int) -> dict:
+    """``gputop run --headless --duration SECONDS --json -- python tests/workloads/WORKLOAD ...``'s
+    report (the job is stopped when the duration ends)."""
+    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
+           sys.executable, str(ROOT / "tests" / "workloads" / workload), *job_args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)

@@ -5,22 +5,13 @@ length. Real torch (CPU), the real probe, real gputop: ``gputop run --headless -
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
-JOB = pathlib.Path(__file__).resolve().parent / "workloads" / "recompile_train.py"
+from run_helpers import headless_report
 
 
 def _report(*job_args: str, seconds: int = 25) -> dict:
-    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
-           sys.executable, str(JOB), *job_args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return headless_report("recompile_train.py", *job_args, seconds=seconds)
 
 
 # (alone, after the rest: two CPU-bound jobs of other tests beside it make cpu_oversubscribed

@@ -7,22 +7,13 @@ gputop: ``gputop run --headless --json``."""
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
-JOB = pathlib.Path(__file__).resolve().parent / "workloads" / "amp_overflow_train.py"
+from run_helpers import headless_report
 
 
 def _report(*job_args: str, seconds: int = 20) -> dict:
-    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
-           sys.executable, str(JOB), *job_args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return headless_report("amp_overflow_train.py", *job_args, seconds=seconds)
 
 
 @pytest.mark.serial   # (alone: beside other tests' jobs cpu_oversubscribed is the honest co-verdict)
