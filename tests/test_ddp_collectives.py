@@ -44,7 +44,10 @@ from tests.test_ranks import WL, free_port, kill_group
 pytestmark = pytest.mark.serial
 
 WORLD, SLOW = 3, 2
-BALANCED_S, STRAGGLER_S = 10.0, 8.0     # seconds of training in each half
+# seconds of training in each half; the balanced one holds the warm-up (derive/phases.py: the step
+# time settles in >= 4 s, longer when a loaded box makes three ranks' steps jitter: 10 s was not
+# enough for one judged window in 3 of 4 runs beside two CPU hogs) and two judged windows after it
+BALANCED_S, STRAGGLER_S = 15.0, 8.0
 
 
 def _start(tmp, name: str) -> dict:
