@@ -45,7 +45,7 @@ def steady_rate(text: str) -> tuple[float | None, int]:
     return ((n1 - n0) / (t1 - t0) if t1 > t0 else None), len(points)
 
 
-def run_variant(job, variant: str, out: pathlib.Path, seconds: float) -> dict:
+def run_variant(job, variant: str, out: pathlib.Path, seconds: float, timeout: float | None = None) -> dict:
     stem = f"{job.name}-{variant}"
     rec, log = out / f"{stem}.gtrec", out / f"{stem}.log"
     for p in (rec, log):
@@ -59,7 +59,7 @@ def run_variant(job, variant: str, out: pathlib.Path, seconds: float) -> dict:
     t0 = time.monotonic()
     with open(out / f"{stem}.json", "w") as fo, open(log, "w") as fe:
         try:
-            rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=seconds + 90).returncode
+            rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout or seconds + 90).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.monotonic() - t0
@@ -69,9 +69,10 @@ def run_variant(job, variant: str, out: pathlib.Path, seconds: float) -> dict:
         report = json.loads((out / f"{stem}.json").read_text())
         primary = (report.get("primary_verdict") or {}).get("id")
     except (OSError, ValueError):
-        primary = None
+        report, primary = None, None
     return {"job": job.name, "variant": variant, "rc": rc, "steps_per_s": rate, "rate_lines": lines,
-            "wall_s": round(wall, 1), "primary_at_run": primary, "error_tail": text[-600:] if rate is None else None}
+            "wall_s": round(wall, 1), "primary_at_run": primary, "report": report is not None,
+            "error_tail": text[-600:] if rate is None or report is None else None}
 
 
 def main() -> int:
@@ -80,19 +81,47 @@ def main() -> int:
     ap.add_argument("--jobs", default="", help="comma-separated job names (default: every job)")
     ap.add_argument("--seconds", type=float, default=14.0, help="seconds each variant trains")
     ap.add_argument("--variants", default="as_is,fixed")
+    ap.add_argument("--order", choices=("manifest", "holdout-first"), default="manifest",
+                    help="holdout-first: the held-out third first (a device session too short for the whole "
+                         "corpus still scores it)")
+    ap.add_argument("--start", default="", help="JOB:VARIANT to start from (inclusive), in the chosen order: "
+                                                 "the next device call goes on where the last one stopped")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="start no variant once this many seconds have passed less the longest variant so far "
+                         "(a device call has a hard limit; its results are packed after this returns)")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in a.jobs.split(",") if n]
     jobs = [j for j in JOBS if not names or j.name in names]
+    if a.order == "holdout-first":
+        jobs.sort(key=lambda j: not j.holdout)   # stable: manifest order within each group
+    runs = [(j, v) for j in jobs for v in a.variants.split(",")]
+    if a.start:
+        keys = [f"{j.name}:{v}" for j, v in runs]
+        if a.start not in keys:
+            print(f"corpus_run: --start {a.start} is not one of this run's JOB:VARIANT", file=sys.stderr)
+            return 2
+        runs = runs[keys.index(a.start):]
+    t_start, longest = time.monotonic(), 0.0
     with open(out / "results.jsonl", "a") as res:
-        for job in jobs:
-            for variant in a.variants.split(","):
-                row = run_variant(job, variant, out, a.seconds)
-                res.write(json.dumps(row) + "\n")
-                res.flush()
-                print(f"{job.name:28s} {variant:6s} rc={row['rc']} steps/s={row['steps_per_s']} "
-                      f"wall={row['wall_s']}s primary={row['primary_at_run']}", flush=True)
+        for i, (job, variant) in enumerate(runs):
+            if a.budget_s and time.monotonic() - t_start + longest > a.budget_s:
+                print(f"budget: stopped before {job.name}:{variant} ({len(runs) - i} left)", flush=True)
+                break
+            # a hung variant must not carry the call past its limit: at most the budget's rest and 40 s
+            cap = max(30.0, a.budget_s + 40 - (time.monotonic() - t_start)) if a.budget_s else None
+            row = run_variant(job, variant, out, a.seconds, min(a.seconds + 90, cap) if cap else None)
+            longest = max(longest, row["wall_s"])
+            res.write(json.dumps(row) + "\n")
+            res.flush()
+            print(f"{job.name:28s} {variant:6s} rc={row['rc']} steps/s={row['steps_per_s']} "
+                  f"wall={row['wall_s']}s primary={row['primary_at_run']}", flush=True)
+            if i == 0 and (row["steps_per_s"] is None or not row["report"]):
+                # a broken set-up (gputop or the job failing on this machine) would fail every variant:
+                # stop, so a device call is not spent on it
+                print(f"first variant broken: stopping. {row['error_tail'] or ''}", flush=True)
+                return 1
     return 0
 
 

@@ -288,10 +288,13 @@ phase_ddpN() {
 phase_corpus() {
   # issue 29: every corpus job as it is and fixed under `gputop run --headless`, recorded; the
   # gain of each fix from the job's own rate lines (benchmarks/corpus_run.py). CORPUS_JOBS picks
-  # jobs (comma-separated), CORPUS_SECS the training seconds of each variant. Scored offline:
+  # jobs (comma-separated), CORPUS_SECS the training seconds of each variant, CORPUS_ORDER
+  # holdout-first runs the held-out third first, CORPUS_START=JOB:VARIANT goes on from there (the
+  # next device call), CORPUS_BUDGET starts no variant past that many seconds. Scored offline:
   # python -m benchmarks corpus_score DIR
   local d=$RES/corpus; mkdir -p "$d"
-  $PY -m benchmarks corpus_run "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" 2>&1 | tee -a "$d/run.txt"
+  $PY -m benchmarks corpus_run "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" \
+      --order "${CORPUS_ORDER:-manifest}" --start "${CORPUS_START:-}" --budget-s "${CORPUS_BUDGET:-0}" 2>&1 | tee -a "$d/run.txt"
   tail -3 "$d/run.txt" >> "$SUMMARY"
 }
 
