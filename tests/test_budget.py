@@ -163,6 +163,11 @@ def test_busy_but_not_saturated_is_never_silent():
     text = budget_text(data, below=0.1)
     assert text.startswith("GPU busy 78%; no single cause above 10%")
     assert "Python/CPU code 9% (step (train.py:42))" in text
+    # a share above the line is never said to be below it (timm_vit_few_workers on the H200:
+    # "no single cause above 10%: waiting for data 33%")
+    data["shares"]["data"] = 0.33
+    text = budget_text(data, below=0.1)
+    assert text.startswith("GPU busy 78%; no verdict holds: waiting for data 33%"), text
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

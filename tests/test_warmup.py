@@ -53,6 +53,53 @@ def test_a_jittery_but_level_loop_settles():
     assert seen[-1][1] == ph.TRAINING
 
 
+def test_a_bursty_loop_settles_on_its_pooled_step_time():
+    """Two DataLoader workers feeding a timm ViT on the H200 (corpus job timm_vit_few_workers):
+    steps of ~89 ms while batches are ready and ~325 ms while both workers are busy, ~5 a second
+    (its report: p50 88.8, p90 325.5, mean 172.8 ms). A window's median flips between the two
+    modes, and the warm-up never settled within the 12 s the job trained; its pooled step time
+    (the windows' steps' time over their steps) is level, so it settles."""
+    t = ph.PhaseTracker()
+    windows = [(4, 1), (2, 3), (5, 1), (2, 2), (4, 2), (2, 3), (5, 1), (3, 2)]   # (fast, slow) steps a window
+    for i, (fast, slow) in enumerate(windows):
+        n = fast + slow
+        mean = (fast * 89.0 + slow * 325.0) / n
+        t.window(10.0 + i, 11.0 + i, TRAIN, 40, 0.025, n, readings=[(11.0 + i, "step", mean, n)])
+    assert t.phase == ph.TRAINING and t.training_since <= 16.0
+
+
+def test_a_loop_that_slows_down_is_not_warming_up():
+    t = ph.PhaseTracker()
+    seen = _train(t, [100, 100, 125, 140, 150])
+    assert seen[3][1] == ph.TRAINING      # slower, not faster: settled at the fourth reading
+
+
+def test_nothing_settles_while_the_first_step_is_pending():
+    """A ResNet's first backward autotuned cuDNN for 7 s on the H200 (corpus job
+    tv_resnet_workers0): the GPU's busy seconds were level meanwhile and ended the warm-up before
+    any step had ended. While the probe sees the loop inside its first step, nothing settles."""
+    t = ph.PhaseTracker()
+    for i in range(12):
+        t.window(10.0 + i, 11.0 + i, TRAIN, 40, 0.025, 0, readings=[(11.0 + i, "busy", 0.3)],
+                 first_step_pending=True)
+        assert t.phase == ph.WARMUP
+    seen = _train(t, [7000, 186, 185, 187, 186], t0=22.0)
+    assert seen[-1][1] == ph.TRAINING and t.training_since >= 23.0
+
+
+def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step():
+    from gputop.derive.budget_processor import _first_step_pending
+    from gputop.model import Sample
+
+    def win(steps, batches, rate):
+        return Sample(1.0, "probe_step", "1", {"step_total": steps, "batch_total": batches, "batches_per_s": rate})
+    assert _first_step_pending([win(0, 1, 0.0)])
+    assert not _first_step_pending([win(1, 2, 0.0)])          # a step has ended
+    assert not _first_step_pending([win(0, 40, 8.0)])         # batches flow without steps: an inference loop
+    assert not _first_step_pending([win(0, 0, 0.0)])          # no batch yet: start-up, or no DataLoader
+    assert not _first_step_pending([])
+
+
 def test_warm_up_never_lasts_longer_than_its_ceiling():
     t = ph.PhaseTracker()
     seen = _train(t, [1000 * 0.93 ** i for i in range(40)])   # 7% faster each second: never levels off

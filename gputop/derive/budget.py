@@ -333,5 +333,8 @@ def budget_text(data: dict, below: float | None = None) -> str:
         where = f" ({frames[0][0]})" if frames and isinstance(frames[0], list) else ""
         parts.append(f"{LABELS[c]} {v * 100:.0f}%{where}")
     if below is not None:
-        head += f"; no single cause above {below * 100:.0f}%"
+        # (never "no single cause above 10%" beside a share above it: a verdict that has not
+        # held long enough yet, or whose rule does not hold, leaves a large share unnamed)
+        head += (f"; no single cause above {below * 100:.0f}%" if not lost or lost[0][1] < below
+                 else "; no verdict holds")
     return head + (": " + ", ".join(parts) if parts else "")

@@ -194,11 +194,12 @@ class BudgetProcessor:
             steps = sum(p.get("step_n") for p in near if type(p.get("step_n")) is int)
             recompiling = any(type(p.get(k)) is int and p.get(k) > 0 for p in near
                               for k in ("recompiles", "recompile_limit_hits"))
-            changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling) or changed
+            changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling,
+                                       _first_step_pending(near)) or changed
         return changed
 
     def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list,
-                    recompiling: bool = False) -> bool:
+                    recompiling: bool = False, first_step_pending: bool = False) -> bool:
         hints = Counter(m.naming.hint for m in ms if m.naming.hint)
         if recompiling:
             # torch.compile compiling *again* (the probe saw a guard fail): not the job warming
@@ -209,7 +210,8 @@ class BudgetProcessor:
         # training starts at its first backward/optimizer moment, not at the span's start
         first_train = next((m.t - m.dt / 2 for m in ms if m.naming.hint == fr.TRAIN), t0)
         changed = bool(self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, t1, hints, len(ms),
-                                           ms[0].dt if ms else 0.0, steps, readings=readings))
+                                           ms[0].dt if ms else 0.0, steps, readings=readings,
+                                           first_step_pending=first_step_pending))
         phase = self.tracker.phase or ph.STARTUP
         for m in ms:
             p = before if (before == ph.STARTUP and phase in ph.JUDGED + (ph.WARMUP,) and m.t < first_train) else phase
@@ -303,10 +305,16 @@ class BudgetProcessor:
 
 
 def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
-    """What says how the steps go in a span, for the warm-up (derive/phases.py): the median step
-    of each probe window with steps, else the span's GPU busy share in each second of it."""
-    out = [(p.t, "step", p.get("step_ms_p50")) for p in probe_windows
-           if type(p.get("step_ms_p50")) in (int, float) and p.get("step_ms_p50") > 0]
+    """What says how the steps go in a span, for the warm-up (derive/phases.py): the mean step of
+    each probe window with steps, weighted by its steps (so readings pool to the steps' time over
+    the steps), else the span's GPU busy share in each second of it."""
+    out = []
+    for p in probe_windows:
+        ms_mean, n = p.get("step_ms_mean"), p.get("step_n")
+        if type(ms_mean) not in (int, float) or not ms_mean > 0:
+            ms_mean = p.get("step_ms_p50")   # (a window without the mean: its median)
+        if type(ms_mean) in (int, float) and ms_mean > 0:
+            out.append((p.t, "step", ms_mean, n if type(n) is int and n > 0 else 1))
     if out:
         return out
     # one reading a second: a span is ~2 s, and a warm-up needs a few readings to settle
@@ -316,6 +324,21 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
             buckets.setdefault(int(m.t), []).append(m.busy)
     # (a second needs a few samples to say anything: 5 at the UI's 20 Hz, 2 at the agent's 2 Hz)
     return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 2]
+
+
+def _first_step_pending(probe_windows: list) -> bool:
+    """The probe sees the loop inside its first step: it has taken a batch, ended no step, and
+    took no batch in its newest window near the span. That step is cuDNN autotuning, lazy module
+    init, the allocator's first growth: the GPU's busy share meanwhile says nothing about how the
+    steps will go (a ResNet's first backward autotuned 7 s on the H200, and its busy seconds
+    settled the warm-up before any step had ended). A loop taking batches without steps (an
+    inference loop) is not pending: its busy share is all there is."""
+    if not probe_windows:
+        return False
+    p = probe_windows[-1]
+    steps, batches, rate = p.get("step_total"), p.get("batch_total"), p.get("batches_per_s")
+    return (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
+            and type(rate) in (int, float) and rate == 0)
 
 
 def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:

@@ -23,9 +23,15 @@ A job already training when gputop attaches has no start-up.
 from the first window when gputop attached to a running job) is *warm-up*: cuBLAS/cuDNN set-up,
 autotuning, the allocator growing and lazy module init make the first steps slower than the
 rest, and neither start-up frames nor the steady loop describe them. Warm-up is shown and not
-judged. It lasts until the step time has settled: the median of the last ``SETTLE_READINGS``
-readings of the step time (the probe's median step of each of its ~1 s windows) is within
-``SETTLE_RATIO`` of the median of the ``SETTLE_READINGS`` before; without a probe, the upper
+judged. It lasts until the step time has settled: the pooled step time of the last
+``SETTLE_READINGS`` readings (the probe's ~1 s windows: their steps' time over their steps) is no
+more than ``SETTLE_RATIO`` faster than that of the ``SETTLE_READINGS`` before. Warm-up makes steps
+faster; a loop that has stopped speeding up has settled, whether its steps are level, jitter
+(two DataLoader workers deliver batches in bursts: per-window medians flip between two modes
+while the pooled time holds) or slow down (a stall is not a warm-up). While the probe sees the
+loop inside its first step (it took a batch, ended no step and takes no other) nothing settles:
+that step is cuDNN autotuning or lazy initialisation, and the GPU's busy share then says
+nothing about how the steps will go. Without a probe, the upper
 quartile of the GPU's busy share of each second (a second's share also drops in every stall)
 within ``SETTLE_BUSY`` over ``SETTLE_BUSY_READINGS`` seconds; with no start-up frames
 (compiling, lazy CUDA init, building) among them; and at most ``WARMUP_MAX_S``. After an
@@ -54,8 +60,8 @@ CHECKPOINT_SHARE = 0.25   # of a window's moments in checkpoint frames
 STARTUP_SHARE = 0.2       # of a window's moments in start-up frames (imports, model build...) to be start-up
 QUIET_WINDOWS = 2         # start-up ends after this many windows with neither start-up nor training frames
 WARMUP_MAX_S = 30.0       # warm-up never lasts longer than this
-SETTLE_READINGS = 2       # step-time readings (probe windows, else spans) whose median ...
-SETTLE_RATIO = 0.10       # ... is within 10% of the median of the ones before
+SETTLE_READINGS = 2       # step-time readings (probe windows) whose pooled step time ...
+SETTLE_RATIO = 0.10       # ... is no more than 10% faster than that of the ones before
 SETTLE_BUSY = 0.10        # ... without a probe: the upper quartile of the GPU busy share of the
 SETTLE_BUSY_READINGS = 3  # ... last 3 seconds within 10 points of that of the 3 before
 READING_S = 1.0           # a reading covers about the second before its time (a probe window, a bucket)
@@ -80,11 +86,14 @@ class PhaseTracker:
     changes: list = field(default_factory=list)                # [(t, phase)]
 
     def window(self, t0: float, t1: float, hints: Counter, n: int, dt: float, probe_steps: int,
-               startup_if_quiet: bool = False, readings: list | None = None) -> str | None:
+               startup_if_quiet: bool = False, readings: list | None = None,
+               first_step_pending: bool = False) -> str | None:
         """Update with one py-spy window [t0, t1] of ``n`` moments; returns the new phase when
-        it changed, else None. ``readings``: [(t, "step" | "busy", value)] of the step time in
-        the window (the probe's median step of each of its windows, else the span's GPU busy
-        share), which say when a warm-up has settled."""
+        it changed, else None. ``readings``: [(t, "step" | "busy", value[, weight])] of the step
+        time in the window (the probe's mean step of each of its windows, weighted by its steps,
+        else the span's GPU busy share), which say when a warm-up has settled.
+        ``first_step_pending``: the probe sees the loop inside its first step (no reading says
+        anything yet)."""
         if self.raw == ENDED:
             return None   # windows settled after the exit do not bring the job back
         train = hints.get(fr.TRAIN, 0) > 0 or probe_steps > 0
@@ -124,8 +133,9 @@ class PhaseTracker:
         if entering:
             self.warm_since, self.settle, self.warm_spans = t0, [], 0
         if self.warm_since is not None and new in JUDGED:
-            if n and any(hints.get(p, 0) for p in (fr.COMPILE, fr.CUDA_INIT, fr.BUILD)):
-                self.settle, self.warm_spans = [], 0   # still compiling or initialising: nothing here says how steps go
+            if first_step_pending or (n and any(hints.get(p, 0) for p in (fr.COMPILE, fr.CUDA_INIT, fr.BUILD))):
+                # still compiling or initialising, or inside the first step: nothing here says how steps go
+                self.settle, self.warm_spans = [], 0
             else:
                 self.warm_spans += 1
                 self.settle.extend(readings or ())
@@ -147,15 +157,16 @@ class PhaseTracker:
             return t
         for kind, tol in (("step", SETTLE_RATIO), ("busy", SETTLE_BUSY)):
             seen = {}
-            for rt, k, v in self.settle:
+            for r in self.settle:
+                rt, k, v = r[0], r[1], r[2]
                 if k == kind and v is not None and (kind == "busy" or v > 0):
-                    seen[rt] = v   # (a probe window near two spans is one reading)
+                    seen[rt] = (v, _weight(r))   # (a probe window near two spans is one reading)
             times = sorted(seen)
             vals = [seen[k] for k in times]
             if not vals:
                 continue
             relative = kind == "step"
-            level = _median if relative else _upper_quartile
+            level = _pooled if relative else _upper_quartile
             ref = self.settled_ref.get(kind)
             if ref is not None and len(vals) >= 2:
                 # after an evaluation: back at the step time training had settled at (else it is
@@ -166,12 +177,13 @@ class PhaseTracker:
             n = SETTLE_READINGS if relative else SETTLE_BUSY_READINGS
             if len(vals) < 2 * n:
                 return None
-            # settled: the median of the last readings is that of the ones before (a jittery but
-            # level loop settles; one still speeding up or slowing down does not). A second's GPU
-            # busy share also drops in every stall (a checkpoint, a blocking call): its busier
-            # seconds (the upper quartile) say how fast the steps go
+            # settled: the steps of the last readings are no faster than those before, by more
+            # than tol (a warm-up speeds the steps up; a level, jittery or slowing loop has
+            # settled). A second's GPU busy share also drops in every stall (a checkpoint, a
+            # blocking call): its busier seconds (the upper quartile), level within tol, say how
+            # fast the steps go
             last, before = level(vals[-n:]), level(vals[-2 * n:-n])
-            if abs(last - before) <= (tol * before if relative else tol):
+            if (last >= before * (1.0 - tol)) if relative else abs(last - before) <= tol:
                 self.settled_ref[kind] = last
                 return max(self.warm_since, times[-n] - READING_S)
             return None
@@ -181,8 +193,8 @@ class PhaseTracker:
 
     def _remember_level(self) -> None:
         """The level a warm-up ended at (also at its ceiling), for the next one after an evaluation."""
-        for kind, level in (("step", _median), ("busy", _upper_quartile)):
-            vals = [v for _t, k, v in self.settle if k == kind and v is not None]
+        for kind, level in (("step", _pooled), ("busy", _upper_quartile)):
+            vals = [(r[2], _weight(r)) for r in self.settle if r[1] == kind and r[2] is not None]
             if len(vals) >= 2:
                 self.settled_ref[kind] = level(vals[-2:])
 
@@ -230,12 +242,17 @@ class PhaseTracker:
         return f"start-up {st['seconds']:.1f} s" + (f": {parts}" if parts else "")
 
 
-def _median(vals: list) -> float:
-    vals = sorted(vals)
-    n = len(vals)
-    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+def _weight(reading: tuple) -> float:
+    """A reading's weight: its steps (a probe window's), else 1."""
+    w = reading[3] if len(reading) > 3 else None
+    return float(w) if type(w) in (int, float) and w > 0 else 1.0
+
+
+def _pooled(vals: list) -> float:
+    """The pooled step time of (mean step, steps) readings: their steps' time over their steps."""
+    return sum(v * w for v, w in vals) / sum(w for _v, w in vals)
 
 
 def _upper_quartile(vals: list) -> float:
-    vals = sorted(vals)
+    vals = sorted(v for v, _w in vals)
     return vals[min(len(vals) - 1, (3 * len(vals)) // 4)]

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 
 from gputop.derive.phases import JUDGED
 from gputop.model import Sample
-from gputop.verdicts.causal import gain_text
+from gputop.verdicts.causal import fix_gain, gain_text
 from gputop.verdicts.engine import (ENTER_S, KIND_VERDICT, KIND_VERDICT_CHANGE, KIND_VERDICT_PRIMARY,
                                     NO_GPU_AFTER_EVALUATIONS)
 
@@ -26,6 +26,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     last: dict[str, dict] = {}
     first_seen: dict[str, float] = {}
     evidence: dict[str, list[dict]] = defaultdict(list)
+    lost: dict[str, list[float]] = defaultdict(list)
     primary_n: Counter = Counter()
     primary_first: dict[str, float] = {}
     timeline = []
@@ -39,6 +40,8 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
             active_n[s.key] += 1
             last[s.key] = dict(s.data)
             evidence[s.key].append(s.get("evidence") or {})
+            if type(s.get("lost_share")) in (int, float):
+                lost[s.key].append(float(s.get("lost_share")))
             first_seen.setdefault(s.key, s.get("since") if s.get("since") is not None else s.t)
         elif s.kind == KIND_VERDICT_PRIMARY:
             if s.get("phase") not in JUDGED_OR_UNKNOWN:
@@ -70,13 +73,19 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     verdicts = {}
     for vid, n in active_n.most_common():
         d = last[vid]
+        ev = _evidence_summary(evidence[vid])
+        if isinstance(ev.get("fix_gain_pct"), (int, float)) and lost[vid]:
+            # the session's gain is that of the mean lost share (a share of the wall time:
+            # removing it shortens the session by that share), not the mean of each second's
+            # gain, which seconds near the 95% cap inflate without bound (a 12 s job read +513%)
+            ev["fix_gain_pct"] = round(fix_gain(sum(lost[vid]) / len(lost[vid])) * 100.0, 1)
         verdicts[vid] = {
             "title": d.get("title"), "severity": d.get("severity"),
             "active_share": round(min(1.0, n * interval_s / duration), 3),
             "primary_share": round(min(1.0, primary_n.get(vid, 0) / evaluations), 3) if evaluations else 0.0,
             "first_seen_s": round(first_seen[vid] - t_start, 1),
             "lost_share_last": d.get("lost_share"), "confidence": d.get("confidence"),
-            "summary": d.get("summary"), "evidence": _evidence_summary(evidence[vid]),
+            "summary": d.get("summary"), "evidence": ev,
             "advice": d.get("advice"), "missing": d.get("missing") or [],
         }
     primary = None
@@ -85,7 +94,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         gain = (verdicts.get(vid, {}).get("evidence") or {}).get("fix_gain_pct")
         primary = {"id": vid, "title": verdicts.get(vid, {}).get("title"),
                    "share": round(n / evaluations, 3),
-                   # the mean over the time the verdict held (verdicts/causal.py: fix_gain)
+                   # the gain of its mean lost share while it held (verdicts/causal.py: fix_gain)
                    "gain_pct": gain if isinstance(gain, (int, float)) else None,
                    "first_seen_s": round(primary_first[vid] - t_start, 1),
                    "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
@@ -100,7 +109,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
 def summary_rows(samples: list[Sample]) -> list[Sample]:
     """Of one stretch's verdict samples, what ``summarize_verdicts`` reads, so that the
     recorder's summary frames (verdicts/recording_summary.py) carry no more: an active verdict's
-    evidence and ``since`` (its whole sample only the last time in the stretch: the report keeps
+    evidence, ``since`` and lost share (its whole sample only the last time in the stretch: the report keeps
     the last one's title, advice ...), a primary's id, phase and, where it is read, its ``why``;
     the changes; inactive verdicts not at all. Run over consecutive stretches and put together,
     these summarize exactly as the samples do (tests/test_verdict_summary_rows.py): a verdict's
@@ -117,7 +126,7 @@ def summary_rows(samples: list[Sample]) -> list[Sample]:
             if not d.get("active"):
                 continue
             if last_at.get(s.key) != i:
-                d = {k: d[k] for k in ("active", "evidence", "since") if k in d}
+                d = {k: d[k] for k in ("active", "evidence", "since", "lost_share") if k in d}
         elif s.kind == KIND_VERDICT_PRIMARY:
             keep = ("id", "phase", "why", "notes") if (d.get("phase") not in JUDGED_OR_UNKNOWN or not d.get("id")) \
                 else ("id", "phase", "notes")
@@ -173,7 +182,7 @@ def render_verdicts_text(section: dict) -> list[str]:
     if p.get("summary"):
         lines.append(f"           evidence: {p['summary']}")
     if isinstance(p.get("gain_pct"), (int, float)):
-        lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (the mean while it held)")
+        lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from its mean lost share while it held)")
     if p.get("advice"):
         lines.append(f"           try: {p['advice']}")
     others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
