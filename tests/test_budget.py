@@ -39,13 +39,38 @@ def _replay(name: str):
     return replay_whole(str(REAL / name), default_processors(), kinds={"budget", "phase", "verdict_primary"})
 
 
-# The demo's recording ends 2 s after its warm-up (derive/phases.py): too soon for any verdict
-# to have held, which the report says (the others train long enough to be judged)
+# The demo's recording is 15 s long and trains for 7 of them: its verdict is primary for a third
+# of the judged time (the rest is the verdicts' own wait), tested apart
 TOO_SHORT = ("demo.gtrec",)
 
 
-def test_a_recording_that_ends_in_its_warm_up_says_so():
+def test_the_demo_recording_names_the_demos_bottleneck():
     rep = _report("demo.gtrec")
+    assert rep["primary_verdict"]["id"] == SCENARIOS["default"].expect == "input_bound"
+
+
+def _cut(src: pathlib.Path, dst: pathlib.Path, t_end: float) -> None:
+    """``src`` as if the session had ended at ``t_end``: its samples up to then."""
+    from gputop.session.recorder import Recorder, RecordingWriter
+    from gputop.session.recording_reader import RecordingReader
+
+    with RecordingReader(str(src)) as r:
+        rec = Recorder(RecordingWriter(str(dst), dict(r.meta)))
+        for ref in r.index.good_chunks():
+            keep = [x for x in r.read_chunk(ref) if x.t <= t_end]
+            if keep:
+                rec.on_samples(keep)
+                rec.flush()
+        rec.stop({"clean": True})
+
+
+def test_a_recording_that_ends_in_its_warm_up_says_so(tmp_path):
+    """HF Trainer's recording cut 3 s into its warm-up: no verdict, and the report says why."""
+    full = _report("hf_trainer-run.gtrec")
+    warm = next(p["t"] for p in full["phases"] if p["phase"] == "warmup")
+    cut = tmp_path / "cut.gtrec"
+    _cut(REAL / "hf_trainer-run.gtrec", cut, warm + 3.0)
+    rep = build_report(str(cut))
     assert rep["primary_verdict"] is None
     assert "warm" in json.dumps(rep["phases"]) and "collecting evidence" in rep["no_verdict_why"]
 
