@@ -437,3 +437,61 @@ def test_with_a_driver_a_calm_job_is_sampled_at_the_calm_rate_and_the_full_one_a
         assert min(gaps) >= GPM_EVERY_S * CALM_FACTOR - 0.05, gaps
         assert max(gaps) <= GPM_HOLD_S, gaps    # the views hold a value from one snapshot to the next
     assert any(h.data.get("calm") for h in health) and health[-1].data["state"] == "ok", health[-1].data
+
+
+# ---------------------------------------------------------------------------------------------
+# Another process on the target's GPU (the gpu_shared verdict, issue 30 item 1)
+
+def test_another_process_is_named_by_its_user_and_name_only_in_the_host_namespace(sleeper):
+    """A real process: its user and name from /proc where NVML's PIDs are ours, never where they
+    are not (another container's PID may be a different process here)."""
+    import getpass
+
+    from gputop.sources.nvml_slow import NOT_VISIBLE, describe_other
+
+    got = describe_other(sleeper.pid, True, {})
+    assert got["user"] == getpass.getuser() and got["visible"] and got["name"].startswith("python"), got
+    assert describe_other(sleeper.pid, False, {}) == {"user": None, "name": NOT_VISIBLE, "visible": False}
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert describe_other(gone.pid, True, {})["name"] == NOT_VISIBLE
+
+
+_CUDA_LOOP = ("import torch, time\n"
+              "a = torch.randn(4096, 4096, device='cuda')\n"
+              "end = time.time() + 40\n"
+              "while time.time() < end:\n"
+              "    b = a @ a\n"
+              "    torch.cuda.synchronize()\n")
+
+
+@needs_driver
+def test_with_a_driver_another_job_on_the_targets_gpu_is_named_with_its_share():
+    """Two CUDA jobs on GPU 0, one the target: gpu_procs.others names the other by PID, user and
+    name with its SM %, and the target's own processes are never among the others."""
+    pytest.importorskip("torch")
+    target = subprocess.Popen([sys.executable, "-c", _CUDA_LOOP])
+    other = subprocess.Popen([sys.executable, "-c", _CUDA_LOOP])
+    src = NvmlSource(SessionClock(), target=Target(target.pid), gpu_indices=[0])
+    got = Collect()
+    src.start(got)
+    try:
+        deadline = time.monotonic() + 30
+        seen = None
+        while time.monotonic() < deadline:
+            for s in got.of(KIND_GPU_PROCS):
+                o = (s.data.get("others") or {}).get(str(other.pid))
+                if o and o.get("sm_pct") and str(target.pid) in s.data["procs"]:
+                    seen = s.data
+            if seen:
+                break
+            time.sleep(0.5)
+    finally:
+        src.stop()
+        for p in (target, other):
+            p.kill()
+            p.wait()
+    assert seen, [s.data for s in got.of(KIND_GPU_PROCS)][-3:]
+    o = seen["others"][str(other.pid)]
+    assert o["visible"] and o["name"].startswith("python") and o["user"] and o["sm_pct"] > 5, o
+    assert str(target.pid) not in seen["others"]

@@ -50,7 +50,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "gpu_info": _table(str="chosen_by cuda_driver driver name nvml_version pci_bus_id uuid",
                        bool="gpm mig watched", dict="na",
                        number="architecture clock_mem_max_mhz clock_sm_max_mhz index mem_total power_limit_w"),
-    "gpu_procs": _table(number="other_count other_mem", dict="procs", str="sm_na"),
+    "gpu_procs": _table(number="other_count other_mem", dict="procs others", str="sm_na"),
     "health": _table(str="state message cgroup pyspy pyspy_version target_state", bool="calm found gil_known",
                      list="probes",
                      number="behind_s cost_pct kernel_rate_hz kernel_threads kernel_threads_capped procs "

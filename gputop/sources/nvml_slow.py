@@ -15,6 +15,36 @@ from gputop.sources.nvml_fields import MIB, PCIE_FIELDS, PROC_SM_EVERY_S
 from gputop.sources.nvml_gpu import _Gpu
 
 SLOW_MAX_GAP_X = 4.0   # the slow loop's longest gap, in intervals (nvml.JITTER_CAP: the full rate's)
+OTHERS_MAX = 8         # other processes on a GPU named in gpu_procs.others (the most memory first)
+NOT_VISIBLE = "another process (not visible here)"   # an NVML PID this PID namespace cannot see
+
+
+def describe_other(pid: int, same_namespace: bool, cache: dict) -> dict:
+    """{"user", "name", "visible"} of a process on the GPU that is not the target's. NVML's PIDs
+    are the host's (sources/pid_namespace.py): only in the host's PID namespace is /proc/PID that
+    process; elsewhere it is "another process (not visible here)" (another container's, or a
+    different process that happens to have the number here: a wrong name is worse than none)."""
+    if not same_namespace:
+        return {"user": None, "name": NOT_VISIBLE, "visible": False}
+    got = cache.get(pid)
+    if got is None:
+        import psutil   # (the host source's dependency; read once per process)
+        try:
+            proc = psutil.Process(pid)
+            name = proc.name()
+            try:
+                user = proc.username()
+            except (psutil.AccessDenied, KeyError):   # KeyError: a UID with no passwd entry
+                user = None
+            got = {"user": user, "name": name, "visible": True}
+        except psutil.NoSuchProcess:
+            got = {"user": None, "name": NOT_VISIBLE, "visible": False}
+        except (psutil.AccessDenied, OSError):
+            got = {"user": None, "name": None, "visible": True}
+        if len(cache) >= 256:
+            cache.clear()
+        cache[pid] = got
+    return got
 
 
 def kbps_to_mibs(kb_per_s: float | None) -> float | None:
@@ -119,6 +149,7 @@ class SlowLoop:
                 continue  # no sample rather than an empty list: gpu_info.na or health says why
             mine: dict[int, int | None] = {}
             other_pids: set[int] = set()
+            others: dict[int, int | None] = {}
             other_mem: int | None = 0
             for p in procs:
                 pid = int(p.pid)
@@ -131,6 +162,7 @@ class SlowLoop:
                         mine[pid] += used
                 else:
                     other_pids.add(pid)
+                    others[pid] = (others.get(pid) or 0) + used if used is not None else others.get(pid)
                     other_mem = other_mem + used if (other_mem is not None and used is not None) else None
             other_count = len(other_pids)
             if self._auto and tree is not None and mine and gpu.chosen_by != "target":
@@ -142,11 +174,26 @@ class SlowLoop:
             data = {"procs": {str(pid): {"mem": mem, "sm_pct": sm.get(pid)} for pid, mem in sorted(mine.items())},
                     "other_count": other_count, "other_mem": other_mem,
                     "sm_na": sm_na}
+            if others and mine:
+                # the processes sharing the target's GPU, for the gpu_shared verdict: their SM %
+                # comes from the same nvmlDeviceGetProcessUtilization read as the target's
+                data["others"] = self._others(others, sm)
             self._publish(KIND_GPU_PROCS, gpu.key, data)
             if gpu.gpm is None and "pcie_tx_mibs" not in gpu.na:
                 self._read_pcie(gpu)
         if newly:
             self._choose(newly)
+
+    def _others(self, others: dict[int, int | None], sm: dict[int, float]) -> dict:
+        """{pid: {"mem", "sm_pct", "user", "name", "visible"}} of up to OTHERS_MAX other processes on a
+        GPU, the most GPU memory first."""
+        same = getattr(self, "_same_pid_ns", None)
+        if same is None:
+            from gputop.sources.pid_namespace import in_host_namespace
+            same = self._same_pid_ns = in_host_namespace()
+        cache = self.__dict__.setdefault("_other_names", {})
+        top = sorted(others.items(), key=lambda kv: -(kv[1] or 0))[:OTHERS_MAX]
+        return {str(pid): {"mem": mem, "sm_pct": sm.get(pid), **describe_other(pid, same, cache)} for pid, mem in top}
 
     def _choose(self, using: list[_Gpu]) -> None:
         """The target runs on ``using``: watch those (and keep any chosen before)."""

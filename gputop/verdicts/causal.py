@@ -35,8 +35,9 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
 # causes judged without the budget's categories (the GPU's own view), capped by its idle share
 CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
                   "recompilation")
-# verdicts never gated by the GPU's busy share: a stopped loop, and ranks compared with each other
-NOT_GATED = ("stalled", "straggler_rank")
+# verdicts never gated by the GPU's busy share: a stopped loop, ranks compared with each other,
+# and another process's kernels on the GPU (they are what keeps it busy)
+NOT_GATED = ("stalled", "straggler_rank", "gpu_shared")
 # a stopped loop is not a share of the step's time that a fix wins back: it has no gain, and it
 # is primary at once (the job itself changed), whatever was primary before
 URGENT = ("stalled",)

@@ -52,6 +52,8 @@ PSI_MEM_WITH_FAULTS_PCT = 3.0     # memory stalls that, with those faults, mean 
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable but has no core
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
+GPU_SHARED_OTHERS_SM = 10.0       # % of the GPU's time other processes' kernels ran on the target's GPU
+GPU_SHARED_FULL = 90.0            # % of the GPU's time all processes' kernels ran at which it is full
 STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least this share ...
 STRAGGLER_GAP = 0.15              # ... and at least this much more than the rank they wait for
 
@@ -470,6 +472,41 @@ def cpu_oversubscribed(sig: Signals) -> Finding | None:
                   "worker_cpu_wait_pct_mean": _r(sig.get("proc.workers.cpu_wait_pct_mean"))},
         advice=advice + ".",
         summary=f"the main thread is ready to run but waits for a CPU {wait * 100:.0f}% of the time")
+
+
+def _who(o: dict) -> str:
+    if o.get("name") and not o.get("user") and o.get("pid") is not None and "not visible" in str(o.get("name")):
+        return f"PID {o['pid']}: {o['name']}"
+    parts = [str(x) for x in (o.get("user"), o.get("name")) if x]
+    return f"PID {o.get('pid')}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+@verdict(title="GPU shared with another process", severity=SEVERITY_WARNING, order=8,
+         meaning="other processes' kernels run on the target's GPU >= {GPU_SHARED_OTHERS_SM:.0f}% of the time "
+                 "(NVML's per-process utilization)")
+def gpu_shared(sig: Signals) -> Finding | None:
+    others, mine = sig.get("gpu.others_sm_pct"), sig.get("gpu.target_sm_pct")
+    if others is None or mine is None:
+        return None
+    total = others + mine
+    # Kernels of different processes take turns on a GPU (time-slicing, without MPS): the share of
+    # the wall time the GPU ran the others' kernels is time the target could have had, where the
+    # GPU was full; on a GPU with time to spare they cost it less (the switches, not the time)
+    loss = (others / 100.0) * min(1.0, total / GPU_SHARED_FULL)
+    who = [o for o in sig.facts.get("gpu_others") or () if isinstance(o, dict)]
+    named = ", ".join(f"{_who(o)}" + (f" {o['sm_pct']:.0f}%" if isinstance(o.get("sm_pct"), (int, float)) else "")
+                      for o in who[:3])
+    advice = ("Another job runs kernels on this GPU and the two take turns: move one of them to a GPU of its "
+              "own (CUDA_VISIBLE_DEVICES, or the scheduler's GPU request), or ask the cluster's admins for "
+              "exclusive GPUs (the EXCLUSIVE_PROCESS compute mode is theirs to set: gputop never changes GPU "
+              "settings); MPS or MIG share a GPU on purpose, with each job's part known.")
+    return gpu_shared.spec.finding(
+        level=others / GPU_SHARED_OTHERS_SM, lost_share=loss, confidence=0.8,
+        evidence={"others_sm_pct": _r(others), "target_sm_pct": _r(mine), "others": named or None,
+                  "other_processes": len(who)},
+        advice=advice,
+        summary=(f"other processes ran kernels on this GPU {others:.0f}% of the time, the job's own {mine:.0f}%"
+                 + (f": {named}" if named else "")))
 
 
 @verdict(title="GPU memory nearly full", severity=SEVERITY_WARNING, order=140, names_cause=False,

@@ -21,8 +21,8 @@ from gputop.derive.stats import is_number
 from gputop.derive.steps import pool_collectives, pool_steps
 from gputop.derive.thread_samples import window_weight
 from gputop.derive.threads import KIND_THREAD_STATE
-from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STALL,
+from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
+from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_RANK, KIND_STALL,
                               KIND_STALL_SNAPSHOT, KIND_THREAD_KERNEL, WAIT_CLASSES)
 
 BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
@@ -118,9 +118,47 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
                  "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_ratio", "power_cap_share", "thermal_share"):
         sig.set(f"gpu.{name}", _mean(r[name] for r in per_gpu.values()))
     sig.set("gpu.mem_used_frac", max((r["mem_used_frac"] for r in per_gpu.values() if r["mem_used_frac"] is not None), default=None))
+    _sharing_signals(store, since, keys, sig)
     if sig.get("gpu.sm_active") is not None:
         sig.have.add("gpm")
     sig.facts["gpu_names"] = sorted({str(infos[k].get("name")) for k in keys if k in infos})
+
+
+def _sm_sum(procs, skip: set[str] = frozenset()) -> float | None:
+    nums = [p.get("sm_pct") for pid, p in procs.items()
+            if pid not in skip and isinstance(p, dict) and type(p.get("sm_pct")) in _NUMBER_TYPES]
+    return _total(nums) if nums else None
+
+
+def _sharing_signals(store, since: float, keys: list[str], sig: Signals) -> None:
+    """Other processes on the target's GPUs (gpu_procs.others): the share of the GPU's time their
+    kernels ran (``gpu.others_sm_pct``) beside the target tree's (``gpu.target_sm_pct``), the mean
+    over the window of each reading's sum, the GPUs' mean; and who they are (``facts["gpu_others"]``).
+    The job's own ranks are never "others" (a rank outside the watched tree, sharing its GPU)."""
+    ranks = {str(s.data.get("pid") or k) for k, s in store.latest_of_kind(KIND_RANK).items()}
+    series = _window(store, KIND_GPU_PROCS, since)
+    mine_g, others_g, named = [], [], {}
+    for k in keys:
+        samples = [s for s in series.get(k, ()) if isinstance(s.data.get("procs"), dict)]
+        if not samples:
+            continue
+        mine = [_sm_sum(s.data["procs"]) for s in samples]
+        # (no "others" and other_count 0: nobody else; other_count > 0 without them: a recording
+        # made before gputop named them, unknown)
+        others = [(_sm_sum(o, ranks) or 0.0) if isinstance(o := s.data.get("others"), dict)
+                  else (0.0 if s.data.get("other_count") == 0 else None) for s in samples]
+        if any(v is not None for v in mine) and any(v is not None for v in others):
+            mine_g.append(_mean(mine))
+            others_g.append(_mean(others))
+        last = samples[-1].data.get("others")
+        for pid, o in (last.items() if isinstance(last, dict) else ()):
+            if pid not in ranks and isinstance(o, dict):
+                named[pid] = {"pid": pid, "gpu": k, "user": o.get("user"), "name": o.get("name"),
+                              "sm_pct": o.get("sm_pct"), "mem": o.get("mem")}
+    if mine_g:
+        sig.set("gpu.target_sm_pct", _mean(mine_g))
+        sig.set("gpu.others_sm_pct", _mean(others_g))
+        sig.facts["gpu_others"] = sorted(named.values(), key=lambda o: -(o["sm_pct"] or 0.0))
 
 
 def _host_signals(store, since: float, sig: Signals, target_pid: str | None) -> None:
