@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
+# Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
 # Each phase runs its benchmarks as `$PY -m benchmarks NAME ARGS` (the registry: benchmarks/__init__.py;
 # `python -m benchmarks --list` names them all, with where they run and their goals).
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
@@ -41,6 +41,15 @@ phase_nvml() {
   local d=$RES/nvml; mkdir -p "$d"
   timeout 120 $PY -m benchmarks nvml_check "$d" > "$d/log.txt" 2>&1; echo "nvml_check rc=$?" >> "$d/log.txt"
   tail -40 "$d/log.txt"
+}
+
+phase_drivertests() {
+  # the tests that need an NVIDIA driver (skipped on CI): NVML's contract fields, the calm rates,
+  # GPM's gaps, and another job on the target's GPU named in gpu_procs.others (gpu_shared)
+  local d=$RES/drivertests; mkdir -p "$d"
+  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_nvml_source.py tests/test_gpm_rate.py > "$d/log.txt" 2>&1
+  echo "driver tests rc=$?" >> "$d/log.txt"
+  tail -15 "$d/log.txt"; tail -1 "$d/log.txt" >> "$SUMMARY"
 }
 
 phase_host() {
