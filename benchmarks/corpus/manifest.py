@@ -36,7 +36,7 @@ JOBS: tuple[Job, ...] = (
         "HF Trainer on a GPT-2, a dataset whose __getitem__ does Python work, dataloader_num_workers=0",
         "dataloader_num_workers=6", holdout=True),
     Job("lightning_workers0", "lightning", "input_bound",
-        "Lightning CNN on CPU-augmented images, num_workers=0", "num_workers=8"),
+        "Lightning CNN on CPU-augmented images, num_workers=0", "num_workers=12"),
     Job("timm_vit_few_workers", "timm", "input_bound",
         "timm ViT-S with heavy per-sample CPU transforms and 2 DataLoader workers", "num_workers=12"),
     Job("plain_pageable_h2d", "plain", "h2d_copy_bound",
