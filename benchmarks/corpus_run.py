@@ -21,7 +21,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
-from manifest import JOBS  # noqa: E402
+from manifest import SETS  # noqa: E402
 
 SETTLE_SHARE = 0.4   # the first 40% of a job's rate lines are its warm-up: not part of its steady rate
 
@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--jobs", default="", help="comma-separated job names (default: every job)")
     ap.add_argument("--seconds", type=float, default=14.0, help="seconds each variant trains")
     ap.add_argument("--variants", default="as_is,fixed")
+    ap.add_argument("--set", default="corpus", choices=sorted(SETS),
+                    help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
     ap.add_argument("--order", choices=("manifest", "holdout-first"), default="manifest",
                     help="holdout-first: the held-out third first (a device session too short for the whole "
                          "corpus still scores it)")
@@ -93,7 +95,7 @@ def main() -> int:
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in a.jobs.split(",") if n]
-    jobs = [j for j in JOBS if not names or j.name in names]
+    jobs = [j for j in SETS[a.set] if not names or j.name in names]
     if a.order == "holdout-first":
         jobs.sort(key=lambda j: not j.holdout)   # stable: manifest order within each group
     runs = [(j, v) for j in jobs for v in a.variants.split(",")]

@@ -25,12 +25,13 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
-from manifest import BY_NAME  # noqa: E402
+from manifest import SETS  # noqa: E402
 
 from gputop.model import Sample  # noqa: E402
 from gputop.report import build_report  # noqa: E402
 from gputop.session.recorder import Recorder, RecordingWriter  # noqa: E402
 from gputop.session.recording_reader import RecordingReader  # noqa: E402
+from gputop.verdicts.causal import NO_GAIN  # noqa: E402
 from gputop.verdicts.registry import specs  # noqa: E402
 
 GAIN_NOTE = 0.10       # a cause-naming primary predicting more than this on a healthy or fixed job is wrong
@@ -90,8 +91,8 @@ def wrong_cause(j: dict) -> bool:
     return j["primary"] in CAUSES and (j["gain"] or 0.0) > GAIN_NOTE
 
 
-def score_job(name: str, dirs: list[pathlib.Path], results: dict) -> dict | None:
-    job = BY_NAME[name]
+def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
+    name = job.name
     recs = {v: next((d / f"{name}-{v}.gtrec" for d in dirs if (d / f"{name}-{v}.gtrec").exists()), None)
             for v in ("as_is", "fixed")}
     if recs["as_is"] is None:
@@ -111,7 +112,8 @@ def score_job(name: str, dirs: list[pathlib.Path], results: dict) -> dict | None
         row["fixed"] = f
         row["fixed_ok"] = not wrong_cause(f)
     measured = row["measured_gain"]
-    if job.cause is not None and measured is not None and a["primary"] == job.cause and a["gain"] is not None:
+    if job.cause is not None and job.cause not in NO_GAIN and measured is not None and a["primary"] == job.cause \
+            and a["gain"] is not None:
         m, g = row["measured_gain"], a["gain"]
         row["gain_ok"] = abs(g - m) <= max(GAIN_ABS, GAIN_REL * abs(m))
     t1 = a["first_step_t"]
@@ -132,7 +134,8 @@ def summary(rows: list[dict]) -> list[str]:
     causes = [r for r in rows if r["cause"] is not None]
     fixed = [r for r in rows if "fixed_ok" in r]
     gains = [r for r in causes if "gain_ok" in r]
-    pairs = [r for r in causes if r["measured_gain"] is not None]
+    # (a cause with no steps/s gain, skipped_steps, has no gain to compare: its share skipped is the check)
+    pairs = [r for r in causes if r["measured_gain"] is not None and r["cause"] not in NO_GAIN]
     attach = [r for r in rows if "attach_same" in r]
     return [f"  right primary as is:            {_pct(sum(r['right'] for r in rows), len(rows))}"
             f"  (cause jobs {_pct(sum(r['right'] for r in causes), len(causes))})",
@@ -146,6 +149,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--set", default="corpus", choices=sorted(SETS),
+                    help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
     args = ap.parse_args()
     dirs = [pathlib.Path(d) for d in args.dirs]
     results = {}
@@ -158,7 +163,7 @@ def main() -> int:
                 except ValueError:
                     continue
                 results[(r["job"], r["variant"])] = r
-    rows = [r for r in (score_job(n, dirs, results) for n in BY_NAME) if r is not None]
+    rows = [r for r in (score_job(j, dirs, results) for j in SETS[args.set]) if r is not None]
     print(f"{'job':26s} {'cause':15s} {'as is':15s} {'pred':>6s} {'meas':>6s} {'fixed':15s} {'late':15s}")
     for r in rows:
         a, f = r["as_is"], r.get("fixed") or {}

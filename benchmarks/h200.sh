@@ -300,10 +300,11 @@ phase_corpus() {
   # jobs (comma-separated), CORPUS_SECS the training seconds of each variant, CORPUS_ORDER
   # holdout-first runs the held-out third first, CORPUS_START=JOB:VARIANT goes on from there (the
   # next device call), CORPUS_BUDGET starts no variant past that many seconds, CORPUS_VARIANTS
-  # (default as_is,fixed) runs only some variants. Scored offline:
-  # python -m benchmarks corpus_score DIR
-  local d=$RES/corpus; mkdir -p "$d"
-  $PY -m benchmarks corpus_run "$d" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" \
+  # (default as_is,fixed) runs only some variants, CORPUS_SET=issue30 the jobs of issue 30's causes
+  # (in their own folder: d=$RES/corpus-issue30). Scored offline:
+  # python -m benchmarks corpus_score [--set issue30] DIR
+  local d=$RES/corpus; [ "${CORPUS_SET:-corpus}" = corpus ] || d=$RES/corpus-$CORPUS_SET; mkdir -p "$d"
+  $PY -m benchmarks corpus_run "$d" --set "${CORPUS_SET:-corpus}" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" \
       --variants "${CORPUS_VARIANTS:-as_is,fixed}" --order "${CORPUS_ORDER:-manifest}" --start "${CORPUS_START:-}" --budget-s "${CORPUS_BUDGET:-0}" 2>&1 | tee -a "$d/run.txt"
   tail -3 "$d/run.txt" >> "$SUMMARY"
 }

@@ -212,6 +212,8 @@ def test_config_facts(basic_run):
     assert cfg["amp_autocast"] == ["cpu:bfloat16"]
     assert cfg["compile"]["calls"] == 1 and cfg["compile"]["uses"][0]["mode"] == "reduce-overhead"
     assert cfg["optimizer"]["class"] == "SGD" and cfg["optimizer"]["param_dtypes"] == ["float32"]
+    # every parameter's elements on the CPU (an optimizer offloaded from a GPU model reads the same)
+    assert cfg["optimizer"]["param_devices"] == {"cpu": cfg["optimizer"]["params"]} and cfg["optimizer"]["params"] > 0
     assert cfg["hooks"]["optimizer_step"][0] == "on" and cfg["hooks"]["dataloader"][0] == "on"
     # CPU torch: GPU time and sync counting are cleanly off, with the reason, never a zero.
     assert cfg["hooks"]["cuda_events"][0] == "off" and "no CUDA" in cfg["hooks"]["cuda_events"][1]

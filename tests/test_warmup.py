@@ -58,13 +58,21 @@ def test_a_bursty_loop_settles_on_its_pooled_step_time():
     steps of ~89 ms while batches are ready and ~325 ms while both workers are busy, ~5 a second
     (its report: p50 88.8, p90 325.5, mean 172.8 ms). A window's median flips between the two
     modes, and the warm-up never settled within the 12 s the job trained; its pooled step time
-    (the windows' steps' time over their steps) is level, so it settles."""
+    (the windows' steps' time over their steps) is level, so it settles. The probe's windows go
+    through the budget's own reading of them (_step_readings)."""
+    from gputop.derive.budget_processor import _step_readings
+    from gputop.model import Sample
+
     t = ph.PhaseTracker()
-    windows = [(4, 1), (2, 3), (5, 1), (2, 2), (4, 2), (2, 3), (5, 1), (3, 2)]   # (fast, slow) steps a window
+    # (fast, slow) steps a window: the median flips between the modes in runs of three windows,
+    # so no two pairs of window medians agree (the rule before never settled on these)
+    windows = [(4, 1), (4, 1), (4, 1), (1, 3), (1, 3), (1, 3), (4, 1), (4, 1), (4, 1), (1, 3)]
     for i, (fast, slow) in enumerate(windows):
         n = fast + slow
-        mean = (fast * 89.0 + slow * 325.0) / n
-        t.window(10.0 + i, 11.0 + i, TRAIN, 40, 0.025, n, readings=[(11.0 + i, "step", mean, n)])
+        steps = sorted([89.0] * fast + [325.0] * slow)
+        w = Sample(11.0 + i, "probe_step", "1", {"step_n": n, "step_ms_p50": steps[n // 2],
+                                                 "step_ms_mean": sum(steps) / n})
+        t.window(10.0 + i, 11.0 + i, TRAIN, 40, 0.025, n, readings=_step_readings([w], []))
     assert t.phase == ph.TRAINING and t.training_since <= 16.0
 
 
@@ -98,6 +106,12 @@ def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step
     assert not _first_step_pending([win(0, 40, 8.0)])         # batches flow without steps: an inference loop
     assert not _first_step_pending([win(0, 0, 0.0)])          # no batch yet: start-up, or no DataLoader
     assert not _first_step_pending([])
+    # a first batch over FIRST_STEP_MAX_S before, and still no step: a loop whose steps the probe
+    # does not see (a custom optimizer), not a first step to wait for
+    first = Sample(0.0, "probe_step", "1", {"step_total": 0, "batch_total": 1, "batches_per_s": 1.0})
+    late = Sample(20.0, "probe_step", "1", {"step_total": 0, "batch_total": 9, "batches_per_s": 0.0})
+    assert not _first_step_pending([late], [first])
+    assert _first_step_pending([Sample(10.0, "probe_step", "1", dict(late.data))], [first])
 
 
 def test_warm_up_never_lasts_longer_than_its_ceiling():

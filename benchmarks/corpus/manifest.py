@@ -109,4 +109,20 @@ JOBS: tuple[Job, ...] = (
         "ResNet-50 fed by 8 workers doing moderate CPU transforms that keep up", "16 workers", holdout=True),
 )
 
+# Issue 30's causes, each as a job as it is and fixed (not part of issue 29's corpus, scored apart:
+# ``--set issue30`` of corpus_run and corpus_score). allocator thrash has no job yet (no verdict).
+ISSUE30: tuple[Job, ...] = (
+    Job("gpu_shared_second_job", "plain", "gpu_shared",
+        "a GPU-bound GPT-style loop while a second job (detached, not its child) runs bf16 matmuls on the same GPU",
+        "the second job runs elsewhere"),
+    Job("offload_adamw_cpu", "plain", "optimizer_offload",
+        "a bf16 transformer whose fp32 master weights and AdamW live on the host (ZeRO-Offload by hand)",
+        "master weights and a fused AdamW on the GPU"),
+    Job("amp_fp16_overflow", "plain", "skipped_steps",
+        "fp16 autocast whose first matmul overflows: GradScaler skips every step", "bf16 autocast, no scaler"),
+    Job("compile_varlen", "plain", "recompilation",
+        "torch.compile(dynamic=False) fed a new sequence length every 10 steps", "pad every batch to one length"),
+)
+
+SETS = {"corpus": JOBS, "issue30": ISSUE30}
 BY_NAME = {j.name: j for j in JOBS}

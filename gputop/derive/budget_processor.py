@@ -195,7 +195,7 @@ class BudgetProcessor:
             recompiling = any(type(p.get(k)) is int and p.get(k) > 0 for p in near
                               for k in ("recompiles", "recompile_limit_hits"))
             changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling,
-                                       _first_step_pending(near)) or changed
+                                       _first_step_pending(near, probe)) or changed
         return changed
 
     def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list,
@@ -326,19 +326,29 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
     return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 2]
 
 
-def _first_step_pending(probe_windows: list) -> bool:
+FIRST_STEP_MAX_S = 15.0   # a first step longer than this after the first batch is not waited for
+
+
+def _first_step_pending(probe_windows: list, earlier: list = ()) -> bool:
     """The probe sees the loop inside its first step: it has taken a batch, ended no step, and
     took no batch in its newest window near the span. That step is cuDNN autotuning, lazy module
     init, the allocator's first growth: the GPU's busy share meanwhile says nothing about how the
     steps will go (a ResNet's first backward autotuned 7 s on the H200, and its busy seconds
     settled the warm-up before any step had ended). A loop taking batches without steps (an
-    inference loop) is not pending: its busy share is all there is."""
+    inference loop) is not pending: its busy share is all there is; nor is one whose first batch
+    (in ``earlier``, the probe windows before) came over FIRST_STEP_MAX_S ago: a loop whose steps
+    the probe never sees (a custom optimizer) and whose batches take over a second would
+    otherwise be warm-up for WARMUP_MAX_S."""
     if not probe_windows:
         return False
     p = probe_windows[-1]
     steps, batches, rate = p.get("step_total"), p.get("batch_total"), p.get("batches_per_s")
-    return (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
-            and type(rate) in (int, float) and rate == 0)
+    if not (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
+            and type(rate) in (int, float) and rate == 0):
+        return False
+    first = next((w.t for w in (*earlier, *probe_windows)
+                  if type(w.get("batch_total")) is int and w.get("batch_total") > 0), p.t)
+    return p.t - first <= FIRST_STEP_MAX_S
 
 
 def _bounded(changes: list, head: int = 50, tail: int = 150) -> list:

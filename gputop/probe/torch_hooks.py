@@ -325,9 +325,16 @@ class TorchHooks(SyncCapture):
             params = [q for g in opt.param_groups for q in g.get("params", [])][:10000]
             dtypes = sorted({str(q.dtype).replace("torch.", "") for q in params[:256]})
             defaults = getattr(opt, "defaults", {}) or {}
+            # where the optimizer's parameters live, by element count ("cpu": an optimizer step
+            # on the CPU, an offload by hand or ZeRO-Offload, while the model runs on the GPU)
+            devices: dict[str, int] = {}
+            for q in params:
+                kind = q.device.type
+                devices[kind] = devices.get(kind, 0) + int(q.numel())
             self.optimizer = {
                 "class": type(opt).__name__, "param_tensors": len(params),
                 "params": int(sum(q.numel() for q in params)), "param_dtypes": dtypes,
+                "param_devices": devices,
                 "fused": defaults.get("fused"), "foreach": defaults.get("foreach"),
                 "capturable": defaults.get("capturable"),
             }

@@ -17,6 +17,7 @@ from gputop.sources.nvml_gpu import _Gpu
 SLOW_MAX_GAP_X = 4.0   # the slow loop's longest gap, in intervals (nvml.JITTER_CAP: the full rate's)
 OTHERS_MAX = 8         # other processes on a GPU named in gpu_procs.others (the most memory first)
 NOT_VISIBLE = "another process (not visible here)"   # an NVML PID this PID namespace cannot see
+OTHER_NAME_TTL_S = 30.0   # a name read this long ago is read again (a PID is reused by another process)
 
 
 def describe_other(pid: int, same_namespace: bool, cache: dict) -> dict:
@@ -26,7 +27,9 @@ def describe_other(pid: int, same_namespace: bool, cache: dict) -> dict:
     different process that happens to have the number here: a wrong name is worse than none)."""
     if not same_namespace:
         return {"user": None, "name": NOT_VISIBLE, "visible": False}
-    got = cache.get(pid)
+    now = time.monotonic()
+    hit = cache.get(pid)
+    got = hit[1] if hit is not None and now - hit[0] < OTHER_NAME_TTL_S else None
     if got is None:
         import psutil   # (the host source's dependency; read once per process)
         try:
@@ -43,7 +46,7 @@ def describe_other(pid: int, same_namespace: bool, cache: dict) -> dict:
             got = {"user": None, "name": None, "visible": True}
         if len(cache) >= 256:
             cache.clear()
-        cache[pid] = got
+        cache[pid] = (now, got)
     return got
 
 

@@ -34,7 +34,7 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
                "io_stall": "io", "loop_blocked": "blocked"}
 # causes judged without the budget's categories (the GPU's own view), capped by its idle share
 CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
-                  "recompilation")
+                  "recompilation", "optimizer_offload")
 # verdicts never gated by the GPU's busy share: a stopped loop, ranks compared with each other,
 # and another process's kernels on the GPU (they are what keeps it busy)
 NOT_GATED = ("stalled", "straggler_rank", "gpu_shared")
@@ -48,12 +48,18 @@ NO_GAIN = ("skipped_steps",)
 
 
 def gpu_busy(sig: Signals) -> float | None:
-    """The judged window's GPU busy share (0-1): the time budget's, else util.gpu's mean."""
+    """The judged window's GPU busy share (0-1) for the job: the time budget's, else util.gpu's
+    mean; on a GPU shared with other processes (gpu_procs.others), the job's part of it (their
+    kernels take turns: the others' time keeps the GPU busy, not the job's work), so a wait of
+    the job's is not hidden by another job's kernels."""
     b = sig.get("budget.gpu_busy")
-    if b is not None:
-        return b
-    util = sig.get("gpu.util_gpu")
-    return None if util is None else util / 100.0
+    if b is None:
+        util = sig.get("gpu.util_gpu")
+        b = None if util is None else util / 100.0
+    mine, others = sig.get("gpu.target_sm_pct"), sig.get("gpu.others_sm_pct")
+    if b is not None and mine is not None and others and mine + others > 0:
+        b *= mine / (mine + others)
+    return b
 
 
 def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:

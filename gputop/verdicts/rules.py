@@ -52,6 +52,8 @@ PSI_MEM_WITH_FAULTS_PCT = 3.0     # memory stalls that, with those faults, mean 
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable but has no core
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
+OFFLOAD_CPU_PARAMS = 0.5          # share of the optimizer's parameter elements on the CPU, the model on a GPU
+OFFLOAD_SHARE = 0.10              # ... and the GPU idle this share of the time while the loop copies or computes on the CPU
 GPU_SHARED_OTHERS_SM = 10.0       # % of the GPU's time other processes' kernels ran on the target's GPU
 GPU_SHARED_FULL = 90.0            # % of the GPU's time all processes' kernels ran at which it is full
 STRAGGLER_OTHERS_WAIT = 0.20      # the other ranks wait in collectives at least this share ...
@@ -290,6 +292,55 @@ def sync_stall(sig: Signals) -> Finding | None:
         missing=_missing(sig, "stacks", "probe"))
 
 
+def _offloaded(sig: Signals) -> tuple[float, int] | None:
+    """(share of the optimizer's parameter elements on the CPU, their count) while the job uses
+    CUDA (the probe's config), else None."""
+    cfg = sig.facts.get("probe_config")
+    if not isinstance(cfg, dict) or cfg.get("cuda_initialized") is not True:
+        return None
+    opt = cfg.get("optimizer")
+    devices = opt.get("param_devices") if isinstance(opt, dict) else None
+    if not isinstance(devices, dict):
+        return None
+    counts = {k: v for k, v in devices.items() if isinstance(k, str) and type(v) is int and v >= 0}
+    total = sum(counts.values())
+    return (counts.get("cpu", 0) / total, counts.get("cpu", 0)) if total else None
+
+
+@verdict(title="Optimizer offloaded: the step waits on host copies and a CPU optimizer", severity=SEVERITY_WARNING,
+         order=25, meaning=">= {OFFLOAD_CPU_PARAMS:.0%} of the optimizer's parameters on the CPU; the GPU idles "
+                           ">= {OFFLOAD_SHARE:.0%} in copies and CPU code")
+def optimizer_offload(sig: Signals) -> Finding | None:
+    off = _offloaded(sig)
+    if off is None:
+        return None
+    share, n = off
+    # the offload's cost: the GPU's idle time while the main thread waited on the GPU (the
+    # gradients' device-to-host copies, blocking) or ran CPU code (the optimizer step, the copies
+    # back): the budget's sync and cpu shares, each already a share of GPU-idle wall time
+    sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
+    lost = (sync or 0.0) + (cpu or 0.0) if (sync is not None or cpu is not None) else (_idle_share(sig) or 0.0)
+    level = _gate(lost / OFFLOAD_SHARE, share >= OFFLOAD_CPU_PARAMS)
+    tx, rx = sig.get("gpu.pcie_tx_mibs"), sig.get("gpu.pcie_rx_mibs")
+    opt = (sig.facts.get("probe_config") or {}).get("optimizer") or {}
+    copies = "; ".join(f"PCIe {d} {v / 1024:.1f} GiB/s" for d, v in (("device->host", tx), ("host->device", rx))
+                       if v is not None and v >= 1.0)
+    return optimizer_offload.spec.finding(
+        level=level, lost_share=lost, confidence=_confidence(0.8, _missing(sig, "stacks", "budget")),
+        evidence={"optimizer": opt.get("class"), "cpu_param_share_pct": _pct(share), "cpu_params": n,
+                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "pcie_tx_mib_s": _r(tx, 0),
+                  "pcie_rx_mib_s": _r(rx, 0)},
+        advice=("The optimizer steps on the CPU: each step copies the gradients to the host and the parameters "
+                "back, and the GPU waits meanwhile. If the model's state fits on the GPU, keep the optimizer there "
+                "with a fused GPU optimizer (torch.optim.AdamW(..., fused=True)); else make the offload overlap: "
+                "pinned host buffers, non_blocking copies on a side stream, and a multi-threaded CPU optimizer "
+                "(DeepSpeed's CPUAdam) while the next forward runs."),
+        summary=(f"{opt.get('class') or 'the optimizer'} holds {share * 100:.0f}% of its parameters on the CPU; the GPU "
+                 f"idles {lost * 100:.0f}% of the time while the loop waits on copies or runs CPU code"
+                 + (f" ({copies})" if copies else "")),
+        missing=_missing(sig, "stacks", "budget"))
+
+
 @verdict(title="Launch-bound: Python and kernel-launch overhead", severity=SEVERITY_WARNING, order=60,
          meaning="kernels run but are too small to fill the GPU; the CPU launching them is saturated")
 def launch_bound(sig: Signals) -> Finding | None:
@@ -475,7 +526,7 @@ def cpu_oversubscribed(sig: Signals) -> Finding | None:
 
 
 def _who(o: dict) -> str:
-    if o.get("name") and not o.get("user") and o.get("pid") is not None and "not visible" in str(o.get("name")):
+    if not o.get("user") and o.get("pid") is not None and "not visible" in str(o.get("name") or ""):
         return f"PID {o['pid']}: {o['name']}"
     parts = [str(x) for x in (o.get("user"), o.get("name")) if x]
     return f"PID {o.get('pid')}" + (f" ({', '.join(parts)})" if parts else "")
@@ -493,8 +544,12 @@ def gpu_shared(sig: Signals) -> Finding | None:
     # the wall time the GPU ran the others' kernels is time the target could have had, where the
     # GPU was full; on a GPU with time to spare they cost it less (the switches, not the time)
     loss = (others / 100.0) * min(1.0, total / GPU_SHARED_FULL)
+    # ... and only the time the loop was not waiting for something else: a loop that waits for
+    # its data would not go faster with the GPU to itself
+    data = max(sig.get("probe.data_wait_share") or 0.0, sig.get("py.main.data") or 0.0)
+    loss = min(loss, max(0.0, 1.0 - data))
     who = [o for o in sig.facts.get("gpu_others") or () if isinstance(o, dict)]
-    named = ", ".join(f"{_who(o)}" + (f" {o['sm_pct']:.0f}%" if isinstance(o.get("sm_pct"), (int, float)) else "")
+    named = ", ".join(f"{_who(o)}" + (f" {o['sm_pct']:.0f}%" if type(o.get("sm_pct")) in (int, float) else "")
                       for o in who[:3])
     advice = ("Another job runs kernels on this GPU and the two take turns: move one of them to a GPU of its "
               "own (CUDA_VISIBLE_DEVICES, or the scheduler's GPU request), or ask the cluster's admins for "

@@ -142,7 +142,10 @@ def _sharing_signals(store, since: float, keys: list[str], sig: Signals) -> None
         samples = [s for s in series.get(k, ()) if isinstance(s.data.get("procs"), dict)]
         if not samples:
             continue
-        mine = [_sm_sum(s.data["procs"]) for s in samples]
+        # (the target's None while NVML gave others' samples: its kernels did not run, 0)
+        mine = [_sm_sum(s.data["procs"]) if _sm_sum(s.data["procs"]) is not None
+                else (0.0 if isinstance(s.data.get("others"), dict) and _sm_sum(s.data["others"]) is not None else None)
+                for s in samples]
         # (no "others" and other_count 0: nobody else; other_count > 0 without them: a recording
         # made before gputop named them, unknown)
         others = [(_sm_sum(o, ranks) or 0.0) if isinstance(o := s.data.get("others"), dict)
@@ -153,11 +156,16 @@ def _sharing_signals(store, since: float, keys: list[str], sig: Signals) -> None
         last = samples[-1].data.get("others")
         for pid, o in (last.items() if isinstance(last, dict) else ()):
             if pid not in ranks and isinstance(o, dict):
-                named[pid] = {"pid": pid, "gpu": k, "user": o.get("user"), "name": o.get("name"),
-                              "sm_pct": o.get("sm_pct"), "mem": o.get("mem")}
+                named[pid] = {"pid": pid, "gpu": k,
+                              "user": o.get("user") if isinstance(o.get("user"), str) else None,
+                              "name": o.get("name") if isinstance(o.get("name"), str) else None,
+                              "sm_pct": o.get("sm_pct") if type(o.get("sm_pct")) in _NUMBER_TYPES else None,
+                              "mem": o.get("mem") if type(o.get("mem")) in _NUMBER_TYPES else None}
     if mine_g:
-        sig.set("gpu.target_sm_pct", _mean(mine_g))
-        sig.set("gpu.others_sm_pct", _mean(others_g))
+        # (each a share of the GPU's time: never above 100 together, whatever a file says)
+        others_pct = min(100.0, _mean(others_g))
+        sig.set("gpu.others_sm_pct", others_pct)
+        sig.set("gpu.target_sm_pct", min(100.0 - others_pct, _mean(mine_g)))
         sig.facts["gpu_others"] = sorted(named.values(), key=lambda o: -(o["sm_pct"] or 0.0))
 
 
