@@ -110,7 +110,7 @@ JOBS: tuple[Job, ...] = (
 )
 
 # Issue 30's causes, each as a job as it is and fixed (not part of issue 29's corpus, scored apart:
-# ``--set issue30`` of corpus_run and corpus_score). allocator thrash has no job yet (no verdict).
+# ``--set issue30`` of corpus_run and corpus_score).
 ISSUE30: tuple[Job, ...] = (
     Job("gpu_shared_second_job", "plain", "gpu_shared",
         "a GPU-bound GPT-style loop while a second job (detached, not its child) runs bf16 matmuls on the same GPU",
@@ -122,6 +122,9 @@ ISSUE30: tuple[Job, ...] = (
         "fp16 autocast whose first matmul overflows: GradScaler skips every step", "bf16 autocast, no scaler"),
     Job("compile_varlen", "plain", "recompilation",
         "torch.compile(dynamic=False) fed a new sequence length every 10 steps", "pad every batch to one length"),
+    Job("alloc_thrash_varlen", "plain", "allocator_thrash",
+        "a transformer at the edge of GPU memory (~3% headroom) fed a new sequence length every step",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
 )
 
 SETS = {"corpus": JOBS, "issue30": ISSUE30}

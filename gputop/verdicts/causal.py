@@ -34,7 +34,7 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
                "io_stall": "io", "loop_blocked": "blocked"}
 # causes judged without the budget's categories (the GPU's own view), capped by its idle share
 CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
-                  "recompilation", "optimizer_offload")
+                  "recompilation", "optimizer_offload", "allocator_thrash")
 # verdicts never gated by the GPU's busy share: a stopped loop, ranks compared with each other,
 # and another process's kernels on the GPU (they are what keeps it busy)
 NOT_GATED = ("stalled", "straggler_rank", "gpu_shared")

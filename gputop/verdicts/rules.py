@@ -52,6 +52,9 @@ PSI_MEM_WITH_FAULTS_PCT = 3.0     # memory stalls that, with those faults, mean 
 CGROUP_THROTTLED_PCT = 10.0       # % of CFS periods throttled
 CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable but has no core
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
+ALLOC_RETRIES_PER_STEP = 0.25     # CUDA allocator retries (a cache flush and a device sync each) per step ...
+ALLOC_RETRIES_PER_S = 0.5         # ... and per second (a job of few long steps)
+ALLOC_THRASH_SHARE = 0.10         # ... while the GPU idles this share of the time in host code and syncs
 OFFLOAD_CPU_PARAMS = 0.5          # share of the optimizer's parameter elements on the CPU, the model on a GPU
 OFFLOAD_SHARE = 0.10              # ... and the GPU idle this share of the time while the loop copies or computes on the CPU
 GPU_SHARED_OTHERS_SM = 10.0       # % of the GPU's time other processes' kernels ran on the target's GPU
@@ -338,6 +341,39 @@ def optimizer_offload(sig: Signals) -> Finding | None:
         summary=(f"{opt.get('class') or 'the optimizer'} holds {share * 100:.0f}% of its parameters on the CPU; the GPU "
                  f"idles {lost * 100:.0f}% of the time while the loop waits on copies or runs CPU code"
                  + (f" ({copies})" if copies else "")),
+        missing=_missing(sig, "stacks", "budget"))
+
+
+@verdict(title="Allocator thrash: CUDA memory is freed and allocated again, step after step", severity=SEVERITY_WARNING,
+         order=27, meaning=">= {ALLOC_RETRIES_PER_STEP} cudaMalloc retries a step (each flushes the cache); "
+                           "GPU idle >= {ALLOC_THRASH_SHARE:.0%}")
+def allocator_thrash(sig: Signals) -> Finding | None:
+    rate, per_step = sig.get("probe.alloc_retries_per_s"), sig.get("probe.alloc_retries_per_step")
+    if rate is None:
+        return None
+    # a retry's cost is not timed (the allocator keeps no clock): while retries come this often the
+    # allocator refills its cache every few steps, and the GPU's idle time while the loop ran host
+    # code (cudaMalloc, cudaFree under the Python frame that allocated) or waited on the GPU (the
+    # flush's synchronize) is what it costs: the budget's cpu + sync shares
+    sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
+    lost = (sync or 0.0) + (cpu or 0.0) if (sync is not None or cpu is not None) else (_idle_share(sig) or 0.0)
+    often = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
+    level = _gate(lost / ALLOC_THRASH_SHARE, often)
+    alloc = sig.facts.get("allocator") or {}
+    used = sig.get("gpu.mem_used_frac")
+    return allocator_thrash.spec.finding(
+        level=level, lost_share=lost, confidence=_confidence(0.75, _missing(sig, "stacks", "budget")),
+        evidence={"alloc_retries_per_s": _r(rate), "alloc_retries_per_step": _r(per_step),
+                  "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
+                  "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
+                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu)},
+        advice=("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
+                "sync) and allocates again, step after step. Let its blocks grow in place "
+                "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), keep shapes fixed (pad or bucket sequence "
+                "lengths), or lower the micro-batch (with gradient accumulation) to leave memory headroom."),
+        summary=(f"{rate:.1f} cudaMalloc retries a second" + (f" ({per_step:.2f} a step)" if per_step is not None else "")
+                 + (f", GPU memory {used * 100:.0f}% used" if used is not None else "")
+                 + f"; the GPU idles {lost * 100:.0f}% of the time in host code and syncs"),
         missing=_missing(sig, "stacks", "budget"))
 
 

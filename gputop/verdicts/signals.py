@@ -22,7 +22,8 @@ from gputop.derive.steps import pool_collectives, pool_steps
 from gputop.derive.thread_samples import window_weight
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
-from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_RANK, KIND_STALL,
+from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC,
+                              KIND_RANK, KIND_STALL,
                               KIND_STALL_SNAPSHOT, KIND_THREAD_KERNEL, WAIT_CLASSES)
 
 BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
@@ -310,9 +311,32 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     cfg = store.latest(KIND_PROBE_CONFIG, key)
     if cfg is not None:
         sig.facts["probe_config"] = dict(cfg.data)
+    _allocator_signals(store, since, key, sig)
     sync = store.latest(KIND_PROBE_SYNC, key)
     if sync is not None and sync.get("lines"):
         sig.facts["sync_top"] = sync.get("lines")[0]
+
+
+def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
+    """The CUDA caching allocator's retries (probe_memory.alloc_retries, a counter: a cudaMalloc
+    that failed, so the allocator freed its whole cache, synchronizing the device, and tried again)
+    per second over the window, and per step; with the allocator's reserved and allocated bytes."""
+    mem = [s for s in _window(store, KIND_PROBE_MEMORY, since).get(key, ())
+           if type(s.data.get("alloc_retries")) is int and s.data["alloc_retries"] >= 0]
+    if len(mem) < 2 or mem[-1].t <= mem[0].t:
+        return
+    # (a counter that went back: the process restarted, or a hostile file; not a rate)
+    delta = mem[-1].data["alloc_retries"] - mem[0].data["alloc_retries"]
+    if delta < 0:
+        return
+    rate = delta / (mem[-1].t - mem[0].t)
+    sig.set("probe.alloc_retries_per_s", rate)
+    steps = sig.get("probe.steps_per_s")
+    if steps:
+        sig.set("probe.alloc_retries_per_step", rate / steps)
+    last = mem[-1].data
+    sig.facts["allocator"] = {k: last.get(k) for k in ("allocated", "reserved", "peak_reserved")
+                              if type(last.get(k)) in _NUMBER_TYPES}
 
 
 def _collective_signals(samples, sig: Signals) -> None:

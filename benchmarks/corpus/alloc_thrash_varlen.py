@@ -1,0 +1,71 @@
+"""A GPT-style loop at the edge of GPU memory, fed a new sequence length every step (issue 30, item 4).
+
+Cause (allocator_thrash): other tensors (a frozen teacher, a cache) leave the job ~3% headroom over
+its own peak; each batch has another length, so the blocks cached for one length do not fit the
+next, cudaMalloc fails, and torch's caching allocator frees its whole cache (a device sync) and
+allocates again: retries most steps.
+Fix (--fixed): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set before torch loads: segments
+grow in place instead of being freed and allocated again.
+"""
+import sys, os; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E401,E702
+
+import random
+
+from common import Meter, parse, pick
+
+args = parse(__doc__)
+if args.fixed:
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"   # the fix (before torch loads)
+from common import torch_and_device  # noqa: E402
+
+torch, device = torch_and_device()
+gpu = device.type == "cuda"
+width, layers, batch, max_len = pick((2048, 12, 16, 2048), (64, 2, 4, 64))
+block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
+                                         batch_first=True, norm_first=True)
+model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
+                            torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False),
+                            torch.nn.Linear(width, 8192)).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu)
+
+
+def train_step(length: int) -> None:
+    tokens = torch.randint(0, 8192, (batch, length + 1), device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+filler = None
+if gpu:
+    # the job's own peak at the longest batch, then the rest of the GPU taken but ~3% of it
+    for _ in range(2):
+        train_step(max_len)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_reserved()
+    free, _total = torch.cuda.mem_get_info()
+    spare = free - int(0.03 * peak)
+    if spare > 0:
+        filler = torch.empty(spare, dtype=torch.uint8, device=device)   # THE CAUSE: no headroom
+rng = random.Random(0)
+meter = Meter(args.seconds, args.report_every)
+ooms = 0
+while True:
+    try:
+        train_step(rng.randrange(max_len // 2, max_len + 1))   # a new length each step
+    except torch.OutOfMemoryError:
+        ooms += 1   # a job at the edge sometimes fails outright: give it 1 GiB more and go on
+        if filler is not None:
+            keep = filler.numel() - (1 << 30)
+            filler = None   # (freed before the smaller one is taken: both would not fit)
+            torch.cuda.empty_cache()
+            filler = torch.empty(keep, dtype=torch.uint8, device=device) if keep > 0 else None
+        continue
+    if not meter.step():
+        break
+print(f"ooms {ooms}", flush=True)
+meter.done()

@@ -1,0 +1,37 @@
+"""The CUDA allocator's retries as the verdicts read them (probe_memory.alloc_retries, a counter;
+issue 30 item 4): a rate over the window, per second and per step, and nothing from a counter
+that went back (a restarted process, a hostile file). No CUDA here: what a thrashing job does is
+measured on the H200 (benchmarks/corpus/alloc_thrash_varlen.py)."""
+
+from __future__ import annotations
+
+from gputop.model import Sample
+from gputop.session.store import SampleStore
+from gputop.verdicts.rules import allocator_thrash
+from gputop.verdicts.signals import build_signals
+
+
+def _store(retries: list) -> SampleStore:
+    store = SampleStore()
+    for i, r in enumerate(retries):
+        t = float(i)
+        store.on_samples([
+            # (a probe window's sums, as the probe sends them: 4 steps in its 1 s)
+            Sample(t, "probe_step", "100", {"step_n": 4, "steps": 4, "window_s": 1.0, "step_s_sum": 1.0}),
+            Sample(t, "probe_memory", "100", {"alloc_retries": r, "allocated": 1 << 30, "reserved": 2 << 30})])
+    return store
+
+
+def test_retries_become_a_rate_per_second_and_per_step():
+    sig = build_signals(_store([0, 10, 20, 30, 40, 50]), 5.5)
+    assert abs(sig.get("probe.alloc_retries_per_s") - 10.0) < 1e-9
+    assert abs(sig.get("probe.steps_per_s") - 4.0) < 1e-9
+    assert abs(sig.get("probe.alloc_retries_per_step") - 2.5) < 1e-9
+    f = allocator_thrash(sig)
+    assert f is not None and "10.0 cudaMalloc retries a second (2.50 a step)" in f.summary
+
+
+def test_a_counter_that_goes_back_or_is_not_a_count_gives_no_rate():
+    assert build_signals(_store([50, 40, 30]), 2.5).get("probe.alloc_retries_per_s") is None
+    assert build_signals(_store(["x", 1.5, None]), 2.5).get("probe.alloc_retries_per_s") is None
+    assert allocator_thrash(build_signals(_store([5]), 0.5)) is None
