@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from gputop.verdicts.rules import CPU_WAIT_SHARE
+
 CHECKPOINTS = """
 import os, sys, tempfile, time, torch
 torch.set_num_threads(1)
@@ -59,7 +61,8 @@ while time.time() - t0 < 60:
 
 
 # (alone, after the rest: beside another test's job on two cores the honest verdict is that the
-# loop waits for a core, cpu_oversubscribed)
+# loop waits for a core, cpu_oversubscribed; on a box busy with other work it still may be, and
+# then the test checks that the report shows the wait and still names the job's own cause)
 @pytest.mark.serial
 @pytest.mark.parametrize("code, expect, frame", [(CHECKPOINTS, "io_stall", "save_checkpoint"),
                                                  (SLEEPS, "loop_blocked", "push_metrics")],
@@ -81,7 +84,17 @@ def test_a_cpu_job_is_judged_on_its_loops_time(code, expect, frame, tmp_path):
     rep = json.loads(out.stdout)
     assert rep["sources"]["nvml"]["state"] != "ok"          # no GPU counters here
     primary = rep["primary_verdict"]
-    assert primary is not None and primary["id"] == expect, (primary, rep.get("no_verdict_why"))
+    assert primary is not None, rep.get("no_verdict_why")
+    if primary["id"] == "cpu_oversubscribed":
+        # the box ran other work beside the test (the suite beside two CPU hogs): the loop waited
+        # for a core, which is then the larger cause, and so the primary, only if the report's own
+        # evidence shows the wait; the job's own cause must still be named, below
+        wait = rep["verdicts"]["cpu_oversubscribed"]["evidence"].get("main_cpu_wait_pct")
+        # (the evidence is its mean while it was on, hysteresis included: 0.8 of the threshold)
+        assert wait is not None and wait >= 0.8 * CPU_WAIT_SHARE * 100, rep["verdicts"]["cpu_oversubscribed"]
+    else:
+        assert primary["id"] == expect, (primary, rep.get("no_verdict_why"))
+    assert expect in rep["verdicts"], (list(rep["verdicts"]), primary)
     v = rep["verdicts"][expect]
     assert "judged on the loop's time" in v["summary"] and frame in v["summary"], v["summary"]
     assert v["evidence"]["judged_on"] == "loop"
