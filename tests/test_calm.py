@@ -3,7 +3,6 @@ stack source's calm rate on a real process with the real py-spy."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
@@ -231,10 +230,13 @@ def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_afte
     # (the calm gap in flight at the change ends first: up to 2.5 s, more on a loaded box)
     after = [s.t for s in system if s.t > changed + 4.0]
     full = [b - a for a, b in zip(after, after[1:])]
-    # clearly faster than the calm ticks this machine showed in the same test (about 1 s against
-    # 2 s on an idle box; a loaded one stretches both, and one gap can reach 3 s)
-    assert len(full) >= 3 and 0.5 - 0.05 <= min(full) and \
-        statistics.median(full) <= 0.75 * statistics.median(gaps), (full, gaps)
+    # the full rate is back: gaps a calm schedule never makes (under 1.5 s: its shortest, checked
+    # above), at least two of them, and faster on average than the calm ticks this machine showed
+    # in the same test (about 1 s against 2 s on an idle box; a box busier than its cores stretches
+    # some full-rate gaps to 2.3 s while the calm ones stay under 2.5: a median could not tell)
+    assert len(full) >= 3 and 0.5 - 0.05 <= min(full), (full, gaps)
+    assert sum(g < 1.5 - 0.05 for g in full) >= 2, (full, gaps)
+    assert sum(full) / len(full) < sum(gaps) / len(gaps), (full, gaps)
     assert all("calm_factor" not in s.data for s in system if s.t > changed + 4.0)
     # health says the rate planned and that it is the calm one (the Sources view's calm note)
     health = [s.data for s in got if s.kind == KIND_HEALTH and s.key == "host"]

@@ -76,7 +76,9 @@ def test_where_phases_are_judged_the_warm_up_lasts_until_the_job_has_trained_a_w
     # the first long window starts warm_s after training began (at a window's end), not before;
     # how soon after depends on py-spy's start and exit on a loaded box (the exact rule is
     # checked with a clock of the test's own below)
-    assert first_long["t0"] >= trained_at + 2.0 - 0.2, (trained_at, wins)
+    # (a window's t0 is its predecessor's end, stamped before the source decides at that end; on
+    # a box busier than its cores the two were 0.22 s apart: half a second of slack)
+    assert first_long["t0"] >= trained_at + 2.0 - 0.5, (trained_at, wins)
     assert first_long["t0"] <= trained_at + 2.0 + 2 * (1 + 1.5), (trained_at, wins)
 
 
