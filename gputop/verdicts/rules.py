@@ -295,6 +295,16 @@ def sync_stall(sig: Signals) -> Finding | None:
         missing=_missing(sig, "stacks", "probe"))
 
 
+def _host_side_idle(sig: Signals) -> float:
+    """The GPU's idle share while the main thread waited on the GPU or ran host code: the
+    budget's sync + cpu shares (each a share of GPU-idle wall time); without a budget, the GPU's
+    idle share."""
+    sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
+    if sync is None and cpu is None:
+        return _idle_share(sig) or 0.0
+    return (sync or 0.0) + (cpu or 0.0)
+
+
 def _offloaded(sig: Signals) -> tuple[float, int] | None:
     """(share of the optimizer's parameter elements on the CPU, their count) while the job uses
     CUDA (the probe's config), else None."""
@@ -322,7 +332,7 @@ def optimizer_offload(sig: Signals) -> Finding | None:
     # gradients' device-to-host copies, blocking) or ran CPU code (the optimizer step, the copies
     # back): the budget's sync and cpu shares, each already a share of GPU-idle wall time
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
-    lost = (sync or 0.0) + (cpu or 0.0) if (sync is not None or cpu is not None) else (_idle_share(sig) or 0.0)
+    lost = _host_side_idle(sig)
     level = _gate(lost / OFFLOAD_SHARE, share >= OFFLOAD_CPU_PARAMS)
     tx, rx = sig.get("gpu.pcie_tx_mibs"), sig.get("gpu.pcie_rx_mibs")
     opt = (sig.facts.get("probe_config") or {}).get("optimizer") or {}
@@ -356,7 +366,7 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     # code (cudaMalloc, cudaFree under the Python frame that allocated) or waited on the GPU (the
     # flush's synchronize) is what it costs: the budget's cpu + sync shares
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
-    lost = (sync or 0.0) + (cpu or 0.0) if (sync is not None or cpu is not None) else (_idle_share(sig) or 0.0)
+    lost = _host_side_idle(sig)
     often = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
     level = _gate(lost / ALLOC_THRASH_SHARE, often)
     alloc = sig.facts.get("allocator") or {}
