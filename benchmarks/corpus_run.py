@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -32,15 +33,23 @@ def steady_rate(text: str) -> tuple[float | None, int]:
     between (not the median of the lines: a checkpoint or a blocking call that stops the loop for
     longer than a line's interval barely moves a median, and it is the cost being measured)."""
     points = []
-    for line in text.splitlines():
-        parts = line.split()
+    # a progress bar (tqdm) redraws with a carriage return and no newline: a rate line can follow
+    # it on the same line, so every "rate " is looked for, not only those at a line's start
+    for chunk in re.split(r"[\r\n]", text):
+        i = chunk.find("rate ")
+        parts = chunk[i:].split() if i >= 0 else []
         if len(parts) == 4 and parts[0] == "rate":
             try:
                 points.append((int(parts[2]), float(parts[3])))
             except ValueError:
                 pass
+    if not points:
+        return None, 0
     if len(points) < 3:
-        return None, len(points)
+        # a job so slow it printed one or two lines (a main thread starved of the GIL): its mean
+        # rate since it started, warm-up included (so it can only understate the job as it is)
+        n1, t1 = points[-1]
+        return (n1 / t1 if t1 > 0 else None), len(points)
     (n0, t0), (n1, t1) = points[int(len(points) * SETTLE_SHARE)], points[-1]
     return ((n1 - n0) / (t1 - t0) if t1 > t0 else None), len(points)
 

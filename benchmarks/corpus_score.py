@@ -26,6 +26,7 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
 from manifest import SETS  # noqa: E402
+from corpus_run import steady_rate  # noqa: E402
 
 from gputop.model import Sample  # noqa: E402
 from gputop.report import build_report  # noqa: E402
@@ -163,6 +164,12 @@ def main() -> int:
                 except ValueError:
                     continue
                 results[(r["job"], r["variant"])] = r
+    # the steps/s are read again from each job's own log (the raw evidence), so a better reading
+    # of the logs (a rate line after a progress bar's carriage return) applies to old runs too
+    for (job, variant), r in results.items():
+        log = next((d / f"{job}-{variant}.log" for d in dirs if (d / f"{job}-{variant}.log").exists()), None)
+        if log is not None:
+            r["steps_per_s"] = steady_rate(log.read_text(errors="replace"))[0]
     rows = [r for r in (score_job(j, dirs, results) for j in SETS[args.set]) if r is not None]
     print(f"{'job':26s} {'cause':15s} {'as is':15s} {'pred':>6s} {'meas':>6s} {'fixed':15s} {'late':15s}")
     for r in rows:
