@@ -10,6 +10,8 @@ apart:
   a predicted gain above 10%);
 - on the fixed job: no cause-naming primary with a predicted gain above 10%;
 - the predicted gain within +-30% relative or +-5 points of the measured one (cause jobs);
+- a cause job whose own fix gained under 10% is refuted (its label was not its cause): shown
+  with ``--`` and counted in none of the above;
 - the same primary when gputop attaches once the job trains (the recording cut ATTACH_S after
   the first training step, with the state a fresh attach would read) as when it watched from the
   start.
@@ -104,6 +106,11 @@ def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
     rates = {v: (results.get((name, v)) or {}).get("steps_per_s") for v in ("as_is", "fixed")}
     row["rates"] = rates
     row["measured_gain"] = (rates["fixed"] / rates["as_is"] - 1.0) if rates["as_is"] and rates["fixed"] else None
+    # a cause whose own fix, tried and measured, gained under GAIN_NOTE was not the job's cause:
+    # the label is refuted by the ground truth, and what the job's cause is stays unmeasured
+    # (a second fix would tell): scored apart, in neither count
+    row["refuted"] = (job.cause is not None and job.cause not in NO_GAIN and row["measured_gain"] is not None
+                      and row["measured_gain"] < GAIN_NOTE)
     if job.cause is None:
         row["right"] = not wrong_cause(a)
     else:
@@ -132,6 +139,8 @@ def _pct(n: int, d: int) -> str:
 
 
 def summary(rows: list[dict]) -> list[str]:
+    refuted = [r["job"] for r in rows if r["refuted"]]
+    rows = [r for r in rows if not r["refuted"]]
     causes = [r for r in rows if r["cause"] is not None]
     fixed = [r for r in rows if "fixed_ok" in r]
     gains = [r for r in causes if "gain_ok" in r]
@@ -143,7 +152,8 @@ def summary(rows: list[dict]) -> list[str]:
             f"  fixed: no cause > {GAIN_NOTE:.0%} gain:      {_pct(sum(r['fixed_ok'] for r in fixed), len(fixed))}",
             f"  gain within +-30%/5 pt:         {_pct(sum(r['gain_ok'] for r in gains), len(pairs))}"
             f" (of pairs with a measured gain; {len(gains)} had the right primary)",
-            f"  same primary attached late:     {_pct(sum(r['attach_same'] for r in attach), len(attach))}"]
+            f"  same primary attached late:     {_pct(sum(r['attach_same'] for r in attach), len(attach))}",
+            f"  refuted by their own fix (< {GAIN_NOTE:.0%}), not counted: {', '.join(refuted) or 'none'}"]
 
 
 def main() -> int:
@@ -176,7 +186,7 @@ def main() -> int:
         a, f = r["as_is"], r.get("fixed") or {}
         pred = f"{a['gain'] * 100:.0f}%" if a.get("gain") is not None else "-"
         meas = f"{r['measured_gain'] * 100:.0f}%" if r["measured_gain"] is not None else "-"
-        mark = "ok" if r["right"] else "XX"
+        mark = "--" if r["refuted"] else "ok" if r["right"] else "XX"
         print(f"{r['job'][:26]:26s} {str(r['cause'])[:15]:15s} {str(a['primary'])[:12]:12s} {mark} {pred:>6s} "
               f"{meas:>6s} {str(f.get('primary'))[:15]:15s} {str((r.get('late') or {}).get('primary'))[:15]:15s}"
               + (" H" if r["holdout"] else ""))
