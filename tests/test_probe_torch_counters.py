@@ -77,6 +77,32 @@ def test_compiles_before_a_monitor_came_are_not_a_windows_and_a_limit_keeps_its_
     assert later["n"] == 0 and later["limit_hits_total"] >= 1 and later["limit_top"]["function"] == "shaped"
 
 
+def test_a_recompiles_backward_graph_is_part_of_what_the_recompile_cost():
+    """A new input shape recompiles the forward, and its first backward compiles a new backward
+    graph: dynamo records that as a second entry under the same compile id, without a reason
+    (aot_eager: AOTAutograd's real forward/backward split, fast on a CPU)."""
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    watch.window()
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    f = torch.compile(m, backend="aot_eager", dynamic=False)
+    f(torch.randn(8, 16)).sum().backward()
+    first = watch.window()
+    assert first["recompiles"] == 0 and first["rs"] == 0.0 and first["s"] > 0, first
+    f(torch.randn(9, 16)).sum()        # the forward recompiles (a size guard) ...
+    fwd = watch.window()
+    assert fwd["recompiles"] == 1 and fwd["rs"] > 0, fwd
+    f(torch.randn(9, 16)).sum().backward()   # ... and its backward is compiled at the first backward
+    bwd = watch.window()
+    entries = [e for e in _metrics() if getattr(e, "is_forward", None) is False]
+    assert len(entries) == 2, [(e.compile_id, e.is_forward) for e in _metrics()]
+    assert bwd["recompiles"] == 0 and bwd["n"] == 1, bwd   # not another recompile ...
+    assert bwd["rs"] == bwd["s"] > 0, bwd                  # ... but its seconds are the recompile's
+    f(torch.randn(10, 16)).sum().backward()   # forward and backward in one window
+    both = watch.window()
+    assert both["recompiles"] == 1 and both["n"] == 2 and both["rs"] == both["s"], both
+
+
 def _overflowing_step(scaler, opt, model, big: bool):
     x = torch.randn(8, 16) * (1e6 if big else 1.0)
     with torch.autocast("cpu", dtype=torch.float16):
