@@ -28,5 +28,9 @@ def test_a_recompiling_loop_is_named_and_the_padded_one_is_not():
     assert ev["recompiles"] >= 2 and ev["compile_pct"] >= 5, ev
     assert 0 < rep["primary_verdict"]["gain_pct"] <= 1900, rep["primary_verdict"]
     assert "pad or bucket variable shapes" in v["advice"]
-    fixed = _report("--fixed", seconds=15)   # (its one compile is in the warm-up)
+    fixed = _report("--fixed", seconds=20)   # (its one compile is in the warm-up)
+    # judged, not left in warm-up: every call of a compiled function passes through dynamo's
+    # eval_frame wrapper, which once read as compiling and kept restarting the warm-up (the job
+    # was never judged, and this assertion held for nothing)
+    assert "training" in [p["phase"] for p in fixed["phases"]], fixed["phases"]
     assert "recompilation" not in fixed["verdicts"], fixed["verdicts"].keys()

@@ -213,8 +213,19 @@ PHASE_RULES: tuple[FrameRule, ...] = (
     _f(LOAD, "torch/serialization.py", "load _load"),
     _f(LOAD, "safetensors/torch.py", "load load_file"),
     _f(LOAD, "transformers/modeling_utils.py", "from_pretrained _load_pretrained_model load_state_dict"),
-    _f(COMPILE, "torch/_dynamo/eval_frame.py", ""),
+    # compiling: frames on the stack only while torch.compile compiles (dynamo's cache miss goes
+    # through convert_frame; inductor's lowering, its code cache, Triton's compile at a kernel's
+    # first launch). Not eval_frame.py: its wrapper calls the compiled code on every call, so
+    # every forward of a compiled model would read as compiling, and restart the warm-up (the
+    # H200's compile_varlen; a compiled job then stayed in warm-up until WARMUP_MAX_S)
+    _f(COMPILE, "torch/_dynamo/convert_frame.py", ""),
+    _f(COMPILE, "torch/_dynamo/symbolic_convert.py", ""),
     _f(COMPILE, "torch/_inductor/compile_fx.py", ""),
+    _f(COMPILE, "torch/_inductor/codecache.py", "load load_by_key_path _load_triton_kernel_from_source compile"),
+    _f(COMPILE, "torch/_inductor/async_compile.py", ""),
+    _f(COMPILE, "torch/_inductor/runtime/triton_heuristics.py",
+       "precompile _precompile_config _precompile_worker autotune_to_one_config benchmark_all_configs"),
+    _f(COMPILE, "triton/compiler/compiler.py", "compile"),
     _f(CUDA_INIT, "torch/cuda/__init__.py", "_lazy_init init"),
     _f(DATA_START, "torch/utils/data/dataloader.py", "__iter__ _get_iterator"),
     _f(BUILD, "torch/nn/modules/module.py", "__init__ to _apply cuda half bfloat16 float"),
