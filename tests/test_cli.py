@@ -15,6 +15,7 @@ import pytest
 
 import gputop
 from gputop.session.recording import FORMAT_MAJOR, MAGIC
+from gputop.verdicts.rules import GIL_CONTENTION_SHARE
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,9 @@ def test_demo_without_torch_still_names_a_verdict(tmp_path):
     assert "torch is not installed" in r.stderr and "python_gil" in r.stderr
     rep = json.loads(r.stdout)
     assert rep["session"]["target"]["cmdline"][-2:] == ["--scenario", "python_gil"]
-    assert rep["stacks"]["gil_wait_pct"] > 20, rep["stacks"]
+    # over the rule's own threshold (idle ~30%; beside two CPU hogs 18%: its threads then wait for a
+    # core more than for the GIL -- load run 10 of 2026-12-06)
+    assert rep["stacks"]["gil_wait_pct"] >= 100 * GIL_CONTENTION_SHARE, rep["stacks"]
     assert "gil_contention" in rep["verdicts"], (rep.get("verdicts"), rep.get("no_verdict_why"))
     assert rep["probe"]["ranks"][0]["steps"] > 0  # gputop.probe.step() markers count without torch
 

@@ -276,7 +276,9 @@ def _phase_hints_of(name: str, path: str) -> frozenset[str]:
         if short in names:
             found.add(hint)
     for rule in PHASE_RULES:
-        if rule.matches(name, path):
+        # a module's own top level running is its import, never what its functions do (torch
+        # imports dynamo's convert_frame lazily, at a job's first optimizer step)
+        if name != "<module>" and rule.matches(name, path):
             found.add(rule.category)
     if is_import_frame(name, path):
         found.add(IMPORT)

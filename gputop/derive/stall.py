@@ -18,7 +18,11 @@ What is not a stall (docs/verdicts.md, "stalled"): start-up before the first ste
 progressed yet: a job that never stepped and never kept its GPU busy is never called stalled),
 a job that ended, and an evaluation or a checkpoint (phases.py): those phases take no steps, so
 only the idle test judges them (a long evaluation that keeps its thread or GPU busy progresses).
-The step clock restarts when such a phase ends.
+The step clock restarts when such a phase ends. Nor is torch.compile compiling (its frames,
+frame_rules' COMPILE hint): a recompile under inductor took 10.2 s on the H200, and 5.5 s more
+for its backward, and the loop is compiling, not stopped; the step clock restarts at its last
+moment seen compiling (the recompilation verdict names the cost). A compile that hangs with
+the main thread waiting and the GPU idle is still caught by the idle test.
 
 The snapshot (every thread's stack, the GPU's state) is taken live by
 ``gputop.sources.stall_snapshot`` when this sample turns stalled; ``describe_snapshot`` names
@@ -195,6 +199,15 @@ class StallDetector:
         ended = phase_name == ph.ENDED or (target is not None and target.get("state") == "exited")
         if phase_name in _PAUSED:
             self.paused_t = now
+        for pid in pids:
+            # the newest moment compiling since the clock last restarted (only that stretch is walked)
+            since = max(self.last_step.get(pid, float("-inf")), self.paused_t)
+            for m in reversed(moments_of[pid]):
+                if m.t <= since:
+                    break
+                if m.naming.hint == fr.COMPILE:
+                    self.paused_t = m.t
+                    break
         steps = [self.last_step[p] for p in pids if p in self.last_step]
         last_step = max(steps) if steps else None
         # how long no rank has stepped, each on the clock of what its steps come from (a job of

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 from gputop.verdicts.finding import SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import verdict
-from gputop.verdicts.signals import Signals
+from gputop.verdicts.signals import RECOMPILE_HORIZON_S, Signals
 
 RECOMPILE_SHARE = 0.05      # of wall time: compiling again after warm-up
 RECOMPILE_WINDOWS = 2       # probe windows (~1 s) with a recompile: one shape change recompiles every
 #                             frame of a model at once, and once (automatic dynamic shapes): an event
 LIMIT_LEVEL = 1.0           # a function over its recompile limit: holds (a warning), whatever the time
 LIMIT_LOSS = 0.0            # ... with no measurable loss (what compiling would have won is unknown)
+# host_bound's CPU time and loop_blocked's waits are the recompiles' when these account for at least
+# this share of them (dynamo's own clock of each compile is the more specific account: inductor
+# compiles on the main thread's CPU and waits for its compile workers)
+RECOMPILES_EXPLAIN = 0.5
 
 
 @verdict(title="Recompiling: torch.compile compiles the same code again", severity=SEVERITY_WARNING, order=35,
@@ -52,7 +56,9 @@ def recompilation(sig: Signals) -> Finding | None:
     if limit_total > 0 and not repeated:
         summary = f"{name} hit torch.compile's recompile limit: it runs uncompiled from then on"
     else:
-        summary = f"{pct(share)}% of the time recompiling {name}: {int(recompiles)} recompiles in the window"
+        n, w = int(recompiles), int(sig.get("probe.recompile_windows") or 0)
+        summary = (f"{pct(share)}% of the time recompiling {name}: {n} recompile{'' if n == 1 else 's'} in the "
+                   f"window, in {w} probe windows of the last {RECOMPILE_HORIZON_S:.0f} s")
     advice = ("Make the guard hold: pad or bucket variable shapes to a few sizes (or mark the dimension "
               "dynamic: torch._dynamo.mark_dynamic(x, dim), or torch.compile(dynamic=True)); pass changing "
               "Python numbers as tensors; keep module attributes and train/eval mode fixed inside the "

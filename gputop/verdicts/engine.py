@@ -22,6 +22,7 @@ from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
 from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
 from gputop.verdicts.causal import BUSY_GATE, NO_GAIN, NOT_GATED, URGENT, causal_loss, fix_gain, gpu_busy
+from gputop.verdicts.compile_rules import RECOMPILES_EXPLAIN
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
 from gputop.verdicts.rules import RULES, straggler_rank
@@ -120,6 +121,13 @@ class VerdictEngine:
         if copy is not None and host is not None and copy.level >= 1.0:
             found["host_bound"] = replace(found["host_bound"], level=0.0)  # the CPU work is the copy
         self._causal(found, sig)
+        rec = found.get("recompilation")
+        if rec is not None and rec.level >= 1.0 and rec.lost_share > 0:
+            for vid in ("host_bound", "loop_blocked"):
+                f = found.get(vid)
+                if f is not None and f.level >= 1.0 and rec.lost_share >= RECOMPILES_EXPLAIN * f.lost_share:
+                    # the host's time (or its wait) is mostly the recompiles: one cause, named once
+                    found[vid] = replace(f, level=0.0)
         idle = found.get("gpu_idle")
         if idle is not None and idle.level >= 1.0 and any(
                 f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):

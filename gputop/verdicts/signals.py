@@ -28,6 +28,9 @@ from gputop.catalogue import (KIND_BUDGET, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY,
 
 BUDGET_STALE_S = 3.0  # a budget older than this is not the window being judged
 WINDOW_S = 10.0   # long enough to span several training steps, short enough to react in seconds
+# recompiles are a pattern when they come in this many seconds, not in WINDOW_S: under inductor on
+# the H200 one took 10.2 s (and its backward 5.5 s), so a 10 s window never held two of them
+RECOMPILE_HORIZON_S = 60.0
 
 THERMAL_EVENTS = ("sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake")
 POWER_EVENTS = ("sw_power_cap",)
@@ -285,7 +288,10 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.set("probe.recompile_share", pool.recompile_share)
     if pool.compile_s is not None:
         sig.set("probe.recompiles", float(pool.recompiles))
-        sig.set("probe.recompile_windows", float(pool.recompile_windows))
+        # windows with a recompile, over the horizon (the window's own, when it holds more)
+        horizon = _window(store, KIND_PROBE_STEP, sig.now - RECOMPILE_HORIZON_S).get(key, [])
+        recent = sum(1 for s in horizon if type(s.get("recompiles")) is int and s.get("recompiles") > 0)
+        sig.set("probe.recompile_windows", float(max(pool.recompile_windows, recent)))
         sig.set("probe.recompile_limit_hits", float(pool.recompile_limit_hits))
         sig.facts["recompile_top"] = pool.recompile_top
         last = samples[-1]

@@ -7,7 +7,12 @@ compiles then never stop. ``--fixed`` pads every batch to one length, the fix th
 advises. The ``eager`` backend keeps each compile short on a CPU (inductor's would take seconds
 and need a C compiler); dynamo's guards and recompiles are the same.
 
-Usage: recompile_train.py [--fixed] [--duration S]
+``--compile-s S``: each compile takes S seconds more (the backend waits, then runs eager), as
+inductor's did on the H200 (10.2 s a recompile, and 5.5 s for its backward): a verdict window of
+10 s then never holds two recompiles, and the loop takes no step for longer than the stall
+detector's 10 s while it compiles.
+
+Usage: recompile_train.py [--fixed] [--duration S] [--compile-s S]
 """
 
 import argparse
@@ -18,6 +23,7 @@ import torch
 p = argparse.ArgumentParser()
 p.add_argument("--fixed", action="store_true")
 p.add_argument("--duration", type=float, default=60.0)
+p.add_argument("--compile-s", type=float, default=0.0)
 args = p.parse_args()
 
 torch.set_num_threads(1)
@@ -30,7 +36,13 @@ def forward_loss(x):
     return model(x).pow(2).mean()
 
 
-step_fn = torch.compile(forward_loss, backend="eager", dynamic=False)
+def slow_backend(gm, example_inputs):
+    """A compile that takes --compile-s seconds (the eager backend after a wait)."""
+    time.sleep(args.compile_s)
+    return gm.forward
+
+
+step_fn = torch.compile(forward_loss, backend=slow_backend if args.compile_s else "eager", dynamic=False)
 print("ready", flush=True)
 t0 = time.time()
 step = 0
