@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
@@ -24,6 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
 from manifest import SETS  # noqa: E402
 
+RATE_LINE = re.compile(r"(?:^|[^\w.=-])rate (\S+) (\d+) (\S+)\s*$")   # common.Meter's line: rate R STEPS SECONDS
 SETTLE_SHARE = 0.4   # the first 40% of a job's rate lines are its warm-up: not part of its steady rate
 
 
@@ -34,22 +36,26 @@ def steady_rate(text: str) -> tuple[float | None, int]:
     longer than a line's interval barely moves a median, and it is the cost being measured)."""
     points = []
     # a progress bar (tqdm) redraws with a carriage return and no newline: a rate line can follow
-    # it on the same line, so every "rate " is looked for, not only those at a line's start
+    # it on the same line, so the last "rate N STEPS SECONDS" of each piece is read, wherever it
+    # starts (not inside a word: "iterate 1 2 3" is not one)
     for chunk in re.split(r"[\r\n]", text):
-        i = chunk.find("rate ")
-        parts = chunk[i:].split() if i >= 0 else []
-        if len(parts) == 4 and parts[0] == "rate":
+        found = RATE_LINE.findall(chunk)
+        if found:
+            _rate, n, t = found[-1]
             try:
-                points.append((int(parts[2]), float(parts[3])))
+                point = (int(n), float(t))
             except ValueError:
-                pass
+                continue
+            if math.isfinite(point[1]) and point[1] >= 0:
+                points.append(point)
     if not points:
         return None, 0
     if len(points) < 3:
         # a job so slow it printed one or two lines (a main thread starved of the GIL): its mean
-        # rate since it started, warm-up included (so it can only understate the job as it is)
+        # rate since its first step (the meter's clock starts when that step ends, so it is not
+        # in the time), warm-up included
         n1, t1 = points[-1]
-        return (n1 / t1 if t1 > 0 else None), len(points)
+        return ((n1 - 1) / t1 if n1 > 1 and t1 > 0 else None), len(points)
     (n0, t0), (n1, t1) = points[int(len(points) * SETTLE_SHARE)], points[-1]
     return ((n1 - n0) / (t1 - t0) if t1 > t0 else None), len(points)
 

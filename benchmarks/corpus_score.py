@@ -27,6 +27,7 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
+sys.path.insert(0, str(HERE))   # corpus_run, beside this file (also when imported as benchmarks.corpus_score)
 from manifest import SETS  # noqa: E402
 from corpus_run import steady_rate  # noqa: E402
 
@@ -107,14 +108,16 @@ def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
     row["rates"] = rates
     row["measured_gain"] = (rates["fixed"] / rates["as_is"] - 1.0) if rates["as_is"] and rates["fixed"] else None
     # a cause whose own fix, tried and measured, gained under GAIN_NOTE was not the job's cause:
-    # the label is refuted by the ground truth, and what the job's cause is stays unmeasured
-    # (a second fix would tell): scored apart, in neither count
+    # the label is refuted by the ground truth. Where gputop named another cause, what the job's
+    # cause is stays unmeasured (a second fix would tell): scored apart, in neither count. Where
+    # gputop named the refuted cause, it predicted a gain the fix did not bring: a miss, counted
     row["refuted"] = (job.cause is not None and job.cause not in NO_GAIN and row["measured_gain"] is not None
-                      and row["measured_gain"] < GAIN_NOTE)
+                      and row["measured_gain"] < GAIN_NOTE and a["primary"] != job.cause)
     if job.cause is None:
         row["right"] = not wrong_cause(a)
     else:
-        row["right"] = a["primary"] == job.cause
+        row["right"] = a["primary"] == job.cause and not (
+            job.cause not in NO_GAIN and row["measured_gain"] is not None and row["measured_gain"] < GAIN_NOTE)
     if recs["fixed"] is not None:
         f = judge(recs["fixed"])
         row["fixed"] = f
@@ -164,6 +167,7 @@ def main() -> int:
                     help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
     args = ap.parse_args()
     dirs = [pathlib.Path(d) for d in args.dirs]
+    # one rule for every variant: the first directory that has it (its recording, its log, its row)
     results = {}
     for d in dirs:
         f = d / "results.jsonl"
@@ -173,13 +177,18 @@ def main() -> int:
                     r = json.loads(line)
                 except ValueError:
                     continue
-                results[(r["job"], r["variant"])] = r
+                if (d / f"{r['job']}-{r['variant']}.gtrec").exists() or (d / f"{r['job']}-{r['variant']}.log").exists():
+                    results.setdefault((r["job"], r["variant"]), r)
     # the steps/s are read again from each job's own log (the raw evidence), so a better reading
-    # of the logs (a rate line after a progress bar's carriage return) applies to old runs too
-    for (job, variant), r in results.items():
-        log = next((d / f"{job}-{variant}.log" for d in dirs if (d / f"{job}-{variant}.log").exists()), None)
-        if log is not None:
-            r["steps_per_s"] = steady_rate(log.read_text(errors="replace"))[0]
+    # of the logs (a rate line after a progress bar's carriage return) applies to old runs too,
+    # and a variant whose call was cut short (its log, no row) is measured too
+    for job in SETS[args.set]:
+        for variant in ("as_is", "fixed"):
+            stem = f"{job.name}-{variant}.log"
+            log = next((d / stem for d in dirs if (d / stem).exists()), None)
+            if log is not None:
+                row = results.setdefault((job.name, variant), {"job": job.name, "variant": variant})
+                row["steps_per_s"] = steady_rate(log.read_text(errors="replace"))[0]
     rows = [r for r in (score_job(j, dirs, results) for j in SETS[args.set]) if r is not None]
     print(f"{'job':26s} {'cause':15s} {'as is':15s} {'pred':>6s} {'meas':>6s} {'fixed':15s} {'late':15s}")
     for r in rows:

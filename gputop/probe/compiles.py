@@ -9,10 +9,10 @@ graph breaks, and a failure (``fail_reason``: "Dynamo recompile limit exceeded":
 that function runs uncompiled). A compiled forward's backward graph is compiled at its first
 backward, after the forward: dynamo records it as a second entry with the same compile id, no
 function name and no reason (``is_forward`` False); when that id is a recompile's, its seconds
-are the recompile's too (on this CPU with inductor a recompile's backward took 1.8 s beside its
-forward's 1.2 s; on the H200, 5.5 s beside 10.2 s). Each window, the entries not seen before are summed into the
-window message's ``compile`` field (docs/metrics.md, "In-process probe"); what was compiled
-before the first monitor came is not (``baseline``).
+are the recompile's too (with inductor on the 2-core CI box a recompile's backward took 1.8 s
+beside its forward's 1.2 s; on the H200, 5.5 s beside 10.2 s). Each window, the entries not
+seen before are summed into the window message's ``compile`` field (docs/metrics.md,
+"In-process probe"); what was compiled before the first monitor came is not (``baseline``).
 
 Never imports dynamo (a job that never compiles never loads it): it reads the module only when
 the job has loaded it. Reading the deque from this thread while the job appends to it may raise
@@ -67,6 +67,10 @@ class CompileWatch:
             self._seen = {self._key(m) for m in entries}
             for m in entries:
                 self._function(m)   # (names for a later attempt of the same frame)
+                cid = str(getattr(m, "compile_id", "") or "")
+                if cid and getattr(m, "recompile_reason", None) and cid not in self._recompile_ids:
+                    # a recompile just before the monitor came: its backward may follow
+                    self._recompile_ids = (self._recompile_ids + [cid])[-MAX_FRAMES:]
 
     def window(self) -> dict | None:
         """The compilations since the last call (None until the job has loaded dynamo)."""
