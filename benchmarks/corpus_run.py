@@ -94,7 +94,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--jobs", default="", help="comma-separated job names (default: every job)")
-    ap.add_argument("--seconds", type=float, default=14.0, help="seconds each variant trains")
+    ap.add_argument("--seconds", type=float, default=14.0,
+                    help="seconds each variant trains (a job's own `seconds` in the manifest wins)")
     ap.add_argument("--variants", default="as_is,fixed")
     ap.add_argument("--set", default="corpus", choices=sorted(SETS),
                     help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
@@ -128,7 +129,8 @@ def main() -> int:
                 break
             # a hung variant must not carry the call past its limit: at most the budget's rest and 40 s
             cap = max(30.0, a.budget_s + 40 - (time.monotonic() - t_start)) if a.budget_s else None
-            row = run_variant(job, variant, out, a.seconds, min(a.seconds + 90, cap) if cap else None)
+            secs = job.seconds or a.seconds
+            row = run_variant(job, variant, out, secs, min(secs + 90, cap) if cap else None)
             longest = max(longest, row["wall_s"])
             res.write(json.dumps(row) + "\n")
             res.flush()
