@@ -140,6 +140,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "local", "right primary as is; no cause with a predicted gain > 10% once fixed; predicted"
               " gain within +-30% relative or +-5 points of the measured; the same primary attached"
               " late (#29)"),
+    Benchmark("corpus_split", "corpus_split.py",
+              "the probe's per-step split (GPU time, data wait less the GPU time it overlaps) against the"
+              " time budget's gpu_busy and data shares, on every corpus recording made with the probe",
+              "local", "agree within 5 points on every corpus job (#29)"),
     # --- ranks, FLOPs, stalls, DDP (issues 6, 15, 17)
     Benchmark("ranks_h200", "ranks_h200.py",
               "gputop attached to a torchrun launcher: every rank found, its GPU, SM active, steps/s",
