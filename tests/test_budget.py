@@ -213,7 +213,9 @@ def test_a_cpu_checkpointing_loop_under_real_py_spy(tmp_path):
         # attach once it trains (its first rate line), as a user would to a slow job: on a loaded
         # 2-core machine importing torch alone can take most of the 14 s
         assert job.stdout.readline().startswith("rate")
-        out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "14",
+        # (24 s: a checkpoint every 4 s takes tens of ms on this CPU; beside two CPU hogs the warm-up
+        # took most of 14 s and py-spy's samples of the judged rest held no save: io 0, load run 11)
+        out = subprocess.run([sys.executable, "-m", "gputop", "--pid", str(job.pid), "--headless", "--duration", "24",
                               "--record", str(rec), "--json"], capture_output=True, text=True, timeout=120, env=env)
     finally:
         job.kill()
