@@ -83,6 +83,10 @@ class BudgetProcessor:
         self.probe_phases = False        # phases from the probe's windows (no stacks to read)
         self.reset_phase = False         # say "phase unknown" once after the judged process changed
         self.last_judged = None          # the last judged phase (for time settled after the end)
+        # moments with no Python frame, held until a moment with one comes: the main thread has
+        # none only while the interpreter starts or exits, so a run of them at the recording's
+        # end is the job's exit (0.5-1 s: 7-10% of a 14 s corpus job's "training"), not training
+        self.frameless: list[tuple[str, Moment]] = []
         self.probe_t = float("-inf")
         self.worked_t: float | None = None   # the last run that did its work (works_now)
 
@@ -217,6 +221,12 @@ class BudgetProcessor:
             p = before if (before == ph.STARTUP and phase in ph.JUDGED + (ph.WARMUP,) and m.t < first_train) else phase
             if p == ph.ENDED:
                 p = self.last_judged or ph.TRAINING   # time after the exit belongs to what it was doing
+            if m.naming.cat == UNKNOWN and m.naming is not _GPU_ONLY:
+                self.frameless.append((p, m))
+                continue
+            for held_p, held in self.frameless:
+                self.session.setdefault(held_p, Budget()).add(held)
+            self.frameless.clear()
             self.session.setdefault(p, Budget()).add(m)
         if phase in ph.JUDGED:
             self.last_judged = phase
@@ -229,6 +239,9 @@ class BudgetProcessor:
         if pid is None:
             return []
         self._settle(store, float("inf"), pid, chosen_gpus(store, judged_process(store, now)[1]))
+        for _p, held in self.frameless:   # no frame came after them: the job's exit
+            self.session.setdefault(ph.ENDED, Budget()).add(held)
+        self.frameless.clear()
         return [Sample(now, KIND_BUDGET, "session", self.session_data(now))] if self.session else []
 
     @staticmethod
