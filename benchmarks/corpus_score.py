@@ -34,6 +34,7 @@ from corpus_run import steady_rate  # noqa: E402
 from gputop.model import Sample  # noqa: E402
 from gputop.report import build_report  # noqa: E402
 from gputop.session.recorder import Recorder, RecordingWriter  # noqa: E402
+from gputop.session.recording_format import RecordingError  # noqa: E402
 from gputop.session.recording_reader import RecordingReader  # noqa: E402
 from gputop.verdicts.causal import NO_GAIN  # noqa: E402
 from gputop.verdicts.registry import specs  # noqa: E402
@@ -167,6 +168,10 @@ def main() -> int:
                     help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
     args = ap.parse_args()
     dirs = [pathlib.Path(d) for d in args.dirs]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        print(f"corpus_score: no such folder: {', '.join(missing)} (give corpus_run's folders)", file=sys.stderr)
+        return 2
     # one rule for every variant: the first directory that has it (its recording, its log, its row)
     results = {}
     for d in dirs:
@@ -189,7 +194,15 @@ def main() -> int:
             if log is not None:
                 row = results.setdefault((job.name, variant), {"job": job.name, "variant": variant})
                 row["steps_per_s"] = steady_rate(log.read_text(errors="replace"))[0]
-    rows = [r for r in (score_job(j, dirs, results) for j in SETS[args.set]) if r is not None]
+    rows = []
+    for j in SETS[args.set]:
+        try:
+            row = score_job(j, dirs, results)
+        except (RecordingError, OSError) as e:   # a damaged recording: that job is not judged, the rest are
+            print(f"corpus_score: {j.name} not judged: {e}", file=sys.stderr)
+            continue
+        if row is not None:
+            rows.append(row)
     print(f"{'job':26s} {'cause':15s} {'as is':15s} {'pred':>6s} {'meas':>6s} {'fixed':15s} {'late':15s}")
     for r in rows:
         a, f = r["as_is"], r.get("fixed") or {}

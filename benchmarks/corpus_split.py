@@ -26,6 +26,7 @@ import pathlib
 import sys
 
 from gputop.report import build_report
+from gputop.session.recording_format import RecordingError
 
 AGREE_PTS = 5.0
 
@@ -49,10 +50,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+")
     args = ap.parse_args()
+    missing = [d for d in args.dirs if not pathlib.Path(d).is_dir()]
+    if missing:
+        print(f"corpus_split: no such folder: {', '.join(missing)} (give corpus_run's folders)", file=sys.stderr)
+        return 2
     rows = []
     for d in args.dirs:
         for p in sorted(pathlib.Path(d).glob("*.gtrec")):
-            r = split(p)
+            try:
+                r = split(p)
+            except (RecordingError, OSError) as e:   # a damaged recording: skipped, the rest compared
+                print(f"corpus_split: {p.name} skipped: {e}", file=sys.stderr)
+                continue
             if r is not None:
                 rows.append(r)
     print(f"{'recording':42s} {'steps':>6s} {'wait':>6s} {'GPU idle':>8s} {'probe':>6s} {'budget':>7s}  agree")

@@ -93,3 +93,18 @@ def test_issue30s_causes_are_named_on_the_jobs_that_reproduce_them(tmp_path):
     for name in ISSUE30_RIGHT:
         assert rows[name]["right"], (name, rows[name]["as_is"])
         assert rows[name]["fixed_ok"], (name, rows[name]["fixed"])
+
+
+def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):
+    src = RUN / "corpus"
+    for stem in ("tv_resnet_workers0-as_is", "tv_resnet_workers0-fixed"):
+        for ext in (".gtrec", ".log"):
+            (tmp_path / f"{stem}{ext}").write_bytes((src / f"{stem}{ext}").read_bytes())
+    (tmp_path / "host_cpu_augment-as_is.gtrec").write_bytes(b"not a recording")
+    rows = score(tmp_path, str(tmp_path))
+    assert [r["job"] for r in rows] == ["tv_resnet_workers0"] and rows[0]["right"], rows
+    for tool in ("corpus_score", "corpus_split"):
+        r = subprocess.run([sys.executable, "-m", "benchmarks", tool, str(tmp_path / "nowhere")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such folder" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
