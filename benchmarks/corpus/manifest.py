@@ -123,8 +123,9 @@ ISSUE30: tuple[Job, ...] = (
         "fp16 autocast whose first matmul overflows: GradScaler skips every step", "bf16 autocast, no scaler"),
     Job("compile_varlen", "plain", "recompilation",
         "torch.compile(dynamic=False) fed a new sequence length every 10 steps", "pad every batch to one length",
-        # on the H200 its first compile took 24 s and a recompile 15.7 s: 14 s held one (2026-12-06)
-        seconds=120.0),
+        # on the H200 its first compile took 24 s and a recompile 15.7 s: 14 s held one (2026-12-06);
+        # 60 s hold ~4, enough for a pattern
+        seconds=60.0),
     Job("alloc_thrash_varlen", "plain", "allocator_thrash",
         "a transformer at the edge of GPU memory (~3% headroom) fed a new sequence length every step",
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
