@@ -3,7 +3,9 @@
 Cause (allocator_thrash): other tensors (a frozen teacher, a cache) leave the job ~3% headroom over
 its own peak; each batch has another length, so the blocks cached for one length do not fit the
 next, cudaMalloc fails, and torch's caching allocator frees its whole cache (a device sync) and
-allocates again: retries most steps. (Its peak is measured at the longest length, then the cache
+allocates again: retries most steps. The lengths rise through each group of 16 batches (batches
+grouped by length), so most steps want blocks a little larger than any the cache holds (random
+lengths made 4 retries in 48 steps on an H100: a longer batch mostly found a block). (Its peak is measured at the longest length, then the cache
 is emptied before the rest of the GPU is taken, so the cache is rebuilt under varying lengths.)
 Fix (--fixed): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set before torch loads: segments
 grow in place instead of being freed and allocated again.
@@ -22,6 +24,8 @@ from common import torch_and_device  # noqa: E402
 torch, device = torch_and_device()
 gpu = device.type == "cuda"
 width, layers, batch, max_len = pick((2048, 12, 16, 2048), (64, 2, 4, 64))
+if os.environ.get("ALLOC_SIZE"):   # exploring other sizes: ALLOC_SIZE=width,layers,batch,max_len
+    width, layers, batch, max_len = (int(v) for v in os.environ["ALLOC_SIZE"].split(","))
 block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
                                          batch_first=True, norm_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
@@ -60,9 +64,13 @@ if gpu:
 rng = random.Random(0)
 meter = Meter(args.seconds, args.report_every)
 ooms = 0
+step = 0
 while True:
     try:
-        train_step(rng.randrange(max_len // 2, max_len + 1))   # a new length each step
+        # a new length each step: batches grouped by length and served shortest first within
+        # each group of 16 (length-grouped sampling), so most steps want blocks a little larger
+        # than any the cache holds
+        train_step(max_len // 2 + (step % 16) * (max_len // 32) + rng.randrange(max_len // 32))
     except torch.OutOfMemoryError:
         ooms += 1   # a job at the edge sometimes fails outright: give it 1 GiB more and go on
         if filler is not None:
@@ -71,7 +79,9 @@ while True:
             torch.cuda.empty_cache()
             filler = torch.empty(keep, dtype=torch.uint8, device=device) if keep > 0 else None
         continue
+    step += 1
     if not meter.step():
         break
-print(f"ooms {ooms}", flush=True)
+retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if gpu else 0
+print(f"ooms {ooms} alloc_retries {retries} steps {step}", flush=True)
 meter.done()
