@@ -35,7 +35,8 @@ RIGHT = {"accelerate_gpu_bound", "eval_every_5s", "lightning_resnet_pin", "memor
 # ... and the fixed variant with no cause-naming primary predicting > 10%
 FIXED_OK = {"accelerate_gpu_bound", "eval_every_5s", "lightning_resnet_pin", "memory_bound_elementwise",
             "nanogpt_item_every10", "overlapped_pinned_copy", "trainer_gpt2_large_batch", "unet_diffusion_ema",
-            "push_metrics_blocking", "accelerate_log_sleep", "accelerate_tokenize_main", "ckpt_every_2s", "dataloader_keeps_up",
+            "push_metrics_blocking", "accelerate_log_sleep", "accelerate_tokenize_main", "ckpt_every_2s",
+            "dataloader_keeps_up",
             "gil_metrics_thread", "host_cpu_augment", "lightning_sync_metrics", "lightning_workers0",
             "logger_thread_light", "plain_pageable_h2d", "rnn_lstmcell_loop", "small_ckpt_every_5s",
             "timm_vit_few_workers", "timm_vit_tqdm", "trainer_save_steps", "trainer_slow_dataset",

@@ -3,10 +3,11 @@
 Cause (allocator_thrash): other tensors (a frozen teacher, a cache) leave the job ~3% headroom over
 its own peak; each batch has another length, so the blocks cached for one length do not fit the
 next, cudaMalloc fails, and torch's caching allocator frees its whole cache (a device sync) and
-allocates again: retries most steps. The lengths rise through each group of 16 batches (batches
-grouped by length), so most steps want blocks a little larger than any the cache holds (random
-lengths made 4 retries in 48 steps on an H100: a longer batch mostly found a block). (Its peak is measured at the longest length, then the cache
-is emptied before the rest of the GPU is taken, so the cache is rebuilt under varying lengths.)
+allocates again. The lengths rise through each group of 16 batches (batches grouped by length),
+so most steps want blocks a little larger than any the cache holds (random lengths made 4
+retries in 48 steps on an H100: a longer batch mostly found a block). Its peak is measured at
+the longest length, then the cache is emptied before the rest of the GPU is taken, so the cache
+is rebuilt under varying lengths. ALLOC_SIZE=width,layers,batch,max_len tries other sizes.
 Fix (--fixed): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set before torch loads: segments
 grow in place instead of being freed and allocated again.
 """
