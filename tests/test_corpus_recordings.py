@@ -118,6 +118,40 @@ def test_the_idle_after_a_sync_is_the_blocking_calls_as_its_fix_measured():
     assert abs(sum(shares.values()) - 1.0) < 1e-3
 
 
+def test_the_probe_counts_each_steps_copies_their_bytes_and_whether_the_host_side_is_pinned():
+    """Three jobs whose copies are known from their code, recorded on an H100 in one call
+    (transfers/): plain_pageable_h2d copies one 8192 x 8192 float32 batch a step, pageable as it
+    is and pinned, non_blocking, fixed; overlapped_pinned_copy a pinned 16384 x 8192 one on a
+    side stream; the hand-made offload sends each bf16 gradient to the host and each fp32 master
+    weight back (twice the bytes)."""
+    from gputop.report import build_report
+
+    def copies(stem):
+        rep = build_report(str(RUN_H100 / "transfers" / f"{stem}.gtrec"))
+        return rep, rep["probe"]["ranks"][0]["copies"]
+
+    _rep, c = copies("plain_pageable_h2d-as_is")
+    assert c["h2d"]["bytes"] == 8192 * 8192 * 4 == c["h2d"]["pageable_bytes"] and c["h2d"]["n"] == 1, c
+    assert c["d2h"]["bytes"] == 0
+    _rep, fixed = copies("plain_pageable_h2d-fixed")
+    assert fixed["h2d"]["bytes"] == 8192 * 8192 * 4 and fixed["h2d"]["pageable_bytes"] == 0, fixed
+    # a pageable copy holds the loop for the transfer; a pinned non_blocking one returns at once
+    assert c["h2d"]["ms"] > 10 * fixed["h2d"]["ms"], (c, fixed)
+    _rep, side = copies("overlapped_pinned_copy-as_is")
+    assert side["h2d"]["bytes"] == 16384 * 8192 * 4 and side["h2d"]["pageable_bytes"] == 0, side
+    rep, off = copies("offload_adamw_cpu-as_is")
+    assert off["d2h"]["bytes"] > 100e6 and off["h2d"]["bytes"] == 2 * off["d2h"]["bytes"], off
+    assert off["d2h"]["pageable_bytes"] == off["d2h"]["bytes"] and off["h2d"]["pageable_bytes"] == off["h2d"]["bytes"]
+    # the verdict that names the offload says so, in the report's own words (one function)
+    assert rep["primary_verdict"]["id"] == "optimizer_offload", rep["primary_verdict"]
+    ev = rep["verdicts"]["optimizer_offload"]["evidence"]
+    assert ev["d2h_mb_per_step"] == round(off["d2h"]["bytes"] / 1e6, 1) and ev["d2h_pageable_pct"] == 100.0
+    from gputop.derive.steps import copies_text
+    assert copies_text(off) in rep["verdicts"]["optimizer_offload"]["summary"]
+    _rep, none = copies("offload_adamw_cpu-fixed")
+    assert none["h2d"]["bytes"] < 1e6 and none["d2h"]["bytes"] < 1e6, none
+
+
 def test_issue30s_causes_are_named_on_the_jobs_that_reproduce_them(tmp_path):
     rows = {r["job"]: r for r in score(tmp_path, "--set", "issue30", str(RUN_H100 / "corpus-issue30"),
                                        str(RUN / "corpus-issue30"))}

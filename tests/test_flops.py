@@ -67,6 +67,27 @@ def test_mlp_flops_per_step_are_the_exact_matmul_sum(flops_run):
     assert own["worker_saw_a_mode"] is False
 
 
+def test_copies_come_with_the_count_and_a_cpu_job_copies_nothing(flops_run):
+    """The counted step's copies between host and GPU ride with the FLOP count (their bytes on a
+    GPU: tests/test_corpus_recordings.py, an H100 recording). On this CPU job the counted step
+    copied nothing each way: 0, not unknown; where there is no count (torch.compile), null."""
+    own, windows = flops_run
+    w = _phase(windows, 0, own["mlp_done"]["steps"])[0]
+    for way in ("h2d", "d2h"):
+        assert w.get(f"copy_{way}_bytes") == 0 and w.get(f"copy_{way}_n") == 0, w.data
+        assert w.get(f"copy_{way}_pageable_bytes") == 0
+    compiled = [s for s in windows if s.get("flops_off") == COMPILED_WHY]
+    assert compiled and all(s.get("copy_h2d_bytes") is None and s.get("copy_d2h_ms") is None for s in compiled)
+
+
+def test_copy_fields_from_a_misbehaving_probe_are_numbers_or_nothing():
+    d = flops_data({"flops": 10, "copies": {"h2d_bytes": -5, "d2h_bytes": "x", "h2d_ms": float("nan"),
+                                            "d2h_pageable_bytes": 1e30, "h2d_n": True}})
+    assert d["copy_h2d_bytes"] == 0 and d["copy_d2h_bytes"] == 0 and d["copy_h2d_ms"] == 0.0
+    assert d["copy_h2d_n"] == 0
+    assert flops_data({"flops": None, "off": "no count yet", "copies": {"h2d_bytes": 5}})["copy_h2d_bytes"] is None
+
+
 def test_a_new_batch_shape_is_counted_again_and_bf16_autocast_is_the_dtype(flops_run):
     own, windows = flops_run
     gpt = _phase(windows, own["mlp_done"]["steps"], own["gpt_done"]["steps"])

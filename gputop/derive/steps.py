@@ -334,6 +334,41 @@ def pool_steps(windows) -> StepPool:
                     skipped_steps=skipped, skipped_unknown=skipped_unknown, loss_scales=scales)
 
 
+COPY_WAYS = (("d2h", "device->host"), ("h2d", "host->device"))
+
+
+def copies_of(sample) -> dict | None:
+    """The counted step's copies between host and GPU from a probe_step sample (gputop/probe/
+    flops.py): {"d2h": {...}, "h2d": {...}}, each with bytes, pageable_bytes, ms and n per step;
+    None where the probe counted none (no count yet, an older probe, torch.compile in use)."""
+    out = {}
+    for way, _words in COPY_WAYS:
+        row = {what: sample.get(f"copy_{way}_{what}") for what in ("bytes", "pageable_bytes", "ms", "n")}
+        if type(row["bytes"]) not in (int, float):
+            return None
+        out[way] = {k: (v if type(v) in (int, float) else None) for k, v in row.items()}
+    return out
+
+
+def copies_text(copies: dict | None) -> str:
+    """One clause for the copies of ``copies_of`` ("device->host 512 MB, all pageable, 41 ms;
+    host->device ..."), the ways under 1 MB a step left out; "" when none is. The report's probe
+    section and the verdicts' evidence say it in these words."""
+    parts = []
+    for way, words in COPY_WAYS:
+        row = (copies or {}).get(way) or {}
+        n, pageable, ms = row.get("bytes"), row.get("pageable_bytes"), row.get("ms")
+        if not isinstance(n, (int, float)) or n < 1e6:
+            continue
+        kind = ""
+        if isinstance(pageable, (int, float)):
+            kind = ("all pageable" if pageable >= n else "all pinned" if pageable <= 0
+                    else f"{pageable / n * 100:.0f}% pageable")
+        parts.append(f"{words} {n / 1e6:.0f} MB" + (f", {kind}" if kind else "")
+                     + (f", {ms:.0f} ms" if isinstance(ms, (int, float)) else ""))
+    return "; ".join(parts)
+
+
 def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory: list[Sample],
                   syncs: list[Sample]) -> dict:
     pool = pool_steps(windows)
@@ -374,6 +409,8 @@ def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory
         "syncs_per_step": _r(pool.syncs_per_step),
         "sync_info": None if pool.syncs is not None else off_reason(cfg, "syncs"),
         "sync_lines": list(syncs[-1].get("lines") or [])[:5] if syncs else [],
+        # the last counted step's copies between host and GPU (per step; None: none counted)
+        "copies": next((c for c in (copies_of(w) for w in reversed(windows)) if c is not None), None),
     }
     if memory:
         peaks = [_n(m.get("peak_allocated")) for m in memory if _n(m.get("peak_allocated")) is not None]
@@ -466,6 +503,8 @@ def report_lines(section: dict) -> list[str]:
                        + (f", most at {top[0]} ({top[1]}x)" if top else ""))
         else:
             out.append(f"  syncs: n/a ({r['sync_info']})")
+        if r.get("copies") is not None:
+            out.append(f"  copies per step (one counted step): {copies_text(r['copies']) or 'none over 1 MB'}")
         cfg = r.get("config") or {}
         loaders = cfg.get("loaders") if isinstance(cfg.get("loaders"), list) else []
         for ld in [ld for ld in loaders if isinstance(ld, dict)][:2]:

@@ -29,12 +29,22 @@ so the inputs seen here are already cast), else of its output; float32 matmuls c
 op with no tensor in sight (a counter that hands over no tensors) gets the dtype of the job's
 settings (autocast dtype, else the parameters' dtype), never "?".
 
+**Copies between host and GPU, on the same step.** The counter also sees every ``_to_copy``
+(``.to()``, ``.cuda()``, ``.cpu()``) and ``copy_`` between a CPU tensor and a CUDA one: per step,
+the bytes each way, the part from or to pageable (unpinned) host memory, and the host time the
+copies held their thread. An op's time runs from the end of the op before it in the same thread
+(or the batch's arrival, or the count's start) to its own end: the mode sees an op only once it
+has run, so this is an upper bound (Python code between two ops counts too). A pageable copy, or
+a device-to-host copy without ``non_blocking``, holds the thread for the whole transfer; a pinned
+``non_blocking`` one returns at once, so its time says what the loop paid, not the wire.
+
 Imports: the standard library only (torch is handed in by torch_hooks).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 START_AT = 2               # count the step that begins at this boundary (the 3rd step)
 MAX_COUNTS = 4             # counts per process (first + re-counts for new shapes)
@@ -99,6 +109,7 @@ class FlopCounter:
         self._shape = None              # the counted step's batch shape
         self._seen_shape = None         # first batch shape seen during the counted step
         self._compiles_at_start = 0
+        self.copies: dict | None = None   # per step: bytes, pageable bytes, host ms, each way
         try:
             from torch.utils.flop_counter import FlopCounterMode
             self._cls = _dtype_counter(FlopCounterMode)
@@ -139,6 +150,9 @@ class FlopCounter:
         """A batch reached the loop: its shape decides whether the count still holds."""
         shape = first_shape(batch)
         if self._mode is not None:
+            clock = getattr(self._mode, "gputop_clock", None)
+            if clock is not None:
+                clock[threading.get_ident()] = time.perf_counter()   # a copy's time starts here, not at the wait
             if self._seen_shape is None:
                 self._seen_shape = shape
             return
@@ -204,6 +218,9 @@ class FlopCounter:
                             _flag(lambda: torch.backends.cudnn.allow_tf32))
         mode.gputop_by_dtype = {}
         mode.gputop_settings_dtype = self._dtype_from_settings()
+        mode.gputop_copy_ops = _copy_ops(torch)
+        mode.gputop_copies = {}
+        mode.gputop_clock = {threading.get_ident(): time.perf_counter()}
         th = self.p.torch_hooks
         self._compiles_at_start = th.compile_count if th is not None else 0
         self._seen_shape = None
@@ -238,6 +255,7 @@ class FlopCounter:
         if total and not by:   # an older FlopCounterMode without _count_flops: the settings say
             by = {self._dtype_from_settings(): self.flops}
         self.by_dtype = by
+        self.copies = {k: (v / steps) for k, v in mode.gputop_copies.items()}
         self.step = self._start_n + 1
         self.count_ms = (now - self._start_t) * 1000.0 / steps
         self.counts += 1
@@ -260,7 +278,8 @@ class FlopCounter:
         by = dict(self.by_dtype) if self.flops is not None else {}
         main = max(by, key=by.get) if by else None
         return {"flops": self.flops, "by_dtype": by, "dtype": main, "step": self.step, "count_ms": self.count_ms,
-                "counts": self.counts, "varies": self.varies, "off": self.off if self.flops is None else None}
+                "counts": self.counts, "varies": self.varies, "off": self.off if self.flops is None else None,
+                "copies": dict(self.copies) if self.copies is not None and self.flops is not None else None}
 
 
 def _flag(fn) -> bool:
@@ -301,11 +320,55 @@ def _dtype_tensor(out, args, kwargs):
     return None
 
 
+def _copy_ops(torch) -> dict:
+    """The aten packets that copy between devices: {packet: index of the source in args, or
+    None: the output is the destination and args[0] the source}."""
+    ops = {}
+    for name, src in (("_to_copy", None), ("copy_", 1)):
+        try:
+            ops[getattr(torch.ops.aten, name)] = src
+        except Exception:
+            pass
+    return ops
+
+
+def _count_copy(mode, src_at, out, args, now: float, took: float) -> None:
+    """Add one copy op's bytes and host time to the mode's per-direction totals (CPU <-> CUDA only)."""
+    if src_at is None:
+        src, dst = (args[0] if args else None), out
+    else:
+        src, dst = (args[src_at] if len(args) > src_at else None), (args[0] if args else None)
+    try:
+        a, b = src.device.type, dst.device.type
+        if a == "cpu" and b == "cuda":
+            way, host = "h2d", src
+        elif a == "cuda" and b == "cpu":
+            way, host = "d2h", dst
+        else:
+            return
+        n = src.numel() * src.element_size()
+        pageable = not host.is_pinned()
+    except Exception:
+        return
+    c = mode.gputop_copies
+    c[f"{way}_bytes"] = c.get(f"{way}_bytes", 0) + n
+    c[f"{way}_n"] = c.get(f"{way}_n", 0) + 1
+    c[f"{way}_ms"] = c.get(f"{way}_ms", 0.0) + took * 1000.0
+    if pageable:
+        c[f"{way}_pageable_bytes"] = c.get(f"{way}_pageable_bytes", 0) + n
+
+
 def _dtype_counter(base):
     """FlopCounterMode that also adds each op's FLOPs to its dtype class (see the module doc)."""
 
     class _DtypeFlopCounter(base):
         def _count_flops(self, func_packet, out, args, kwargs):
+            clock = getattr(self, "gputop_clock", None)
+            if clock is not None:
+                now, tid = time.perf_counter(), threading.get_ident()
+                if func_packet in self.gputop_copy_ops:
+                    _count_copy(self, self.gputop_copy_ops[func_packet], out, args, now, now - clock.get(tid, now))
+                clock[tid] = now
             glob = self.flop_counts["Global"]
             before = glob.get(func_packet, 0)
             r = super()._count_flops(func_packet, out, args, kwargs)

@@ -85,6 +85,20 @@ METRICS: list[MetricSpec] = [
                "the batches' shapes kept changing: the count is of the latest counted step's shapes", aggregate=False),
     MetricSpec(KIND_PROBE_STEP, "flops_off", "", "FLOPs n/a", "why there is no FLOP count (None when there is)",
                aggregate=False),
+    # The counted step's copies between host and GPU (gputop/probe/flops.py), per step, repeated
+    # until a re-count: bytes each way, the part from or to pageable host memory, the host time.
+    *(MetricSpec(KIND_PROBE_STEP, f"copy_{way}_{what}", unit, f"{way.upper()} {label}",
+                 f"{words} per step, {what_help} (the counted step)", aggregate=False,
+                 prom=f"probe_copy_{way}_{prom}" if prom else "",
+                 prom_help=f"{words} per training step, {what_help}, counted on one sampled step." if prom else "")
+      for way, words in (("h2d", "host-to-device copies"), ("d2h", "device-to-host copies"))
+      for what, unit, label, what_help, prom in (
+          ("bytes", "B", "copied", "bytes", "bytes_per_step"),
+          ("pageable_bytes", "B", "pageable", "bytes from or to pageable (unpinned) host memory",
+           "pageable_bytes_per_step"),
+          ("ms", "ms", "copy time", "host time the copies held their thread (an upper bound)",
+           "seconds_per_step"),
+          ("n", "", "copies", "copy ops", ""))),
     _memory("allocated", "B", "CUDA allocated", "CUDA caching allocator: memory allocated now",
             "probe_cuda_memory_allocated_bytes", "CUDA caching allocator: memory allocated now, in bytes."),
     _memory("reserved", "B", "CUDA reserved", "CUDA caching allocator: memory reserved now",

@@ -185,12 +185,35 @@ def compile_data(w: dict) -> dict:
     }
 
 
+COPY_FIELDS = tuple(f"copy_{way}_{what}" for way in ("h2d", "d2h") for what in ("bytes", "pageable_bytes", "ms", "n"))
+
+
+def copies_data(c) -> dict:
+    """The counted step's copies between host and GPU (gputop/probe/flops.py) as probe_step
+    fields, per step; all None where the probe counted none (an older probe, no count yet)."""
+    out = dict.fromkeys(COPY_FIELDS)
+    if not isinstance(c, dict):
+        return out
+    for key in COPY_FIELDS:
+        v = _num(c.get(key[len("copy_"):]))
+        if v is not None and v >= 0:
+            out[key] = _r(v, 3) if key.endswith("_ms") else _r(v, 1)
+    for way in ("h2d", "d2h"):   # a counted step with no copy that way: zero, not unknown
+        if out[f"copy_{way}_bytes"] is None:
+            out.update({f"copy_{way}_bytes": 0, f"copy_{way}_pageable_bytes": 0, f"copy_{way}_ms": 0.0,
+                        f"copy_{way}_n": 0})
+        elif out[f"copy_{way}_pageable_bytes"] is None:
+            out[f"copy_{way}_pageable_bytes"] = 0
+    return out
+
+
 def flops_data(f) -> dict:
     """The probe's FLOP count of one step (gputop/probe/flops.py) as probe_step fields."""
     if not isinstance(f, dict):
         return {"flops_per_step": None, "flops_dtype": None, "flops_by_dtype": None, "flops_step": None,
                 "flops_count_ms": None, "flops_varies": None,
-                "flops_off": "this probe does not count FLOPs (a gputop older than the FLOP count)"}
+                "flops_off": "this probe does not count FLOPs (a gputop older than the FLOP count)",
+                **copies_data(None)}
     by = f.get("by_dtype") if isinstance(f.get("by_dtype"), dict) else {}
     by = {str(k)[:16]: v for k, v in list(by.items())[:8] if _int(v) is not None and v >= 0}
     flops = _int(f.get("flops"))
@@ -199,4 +222,5 @@ def flops_data(f) -> dict:
             "flops_by_dtype": by or None, "flops_step": _int(f.get("step")),
             "flops_count_ms": _r(_num(f.get("count_ms"))),
             "flops_varies": bool(f.get("varies")) if flops is not None else None,
-            "flops_off": None if flops is not None else (_str(f.get("off")) or "no count yet")}
+            "flops_off": None if flops is not None else (_str(f.get("off")) or "no count yet"),
+            **(copies_data(f.get("copies")) if flops is not None else copies_data(None))}

@@ -120,6 +120,15 @@ class VerdictEngine:
         copy = found.get("h2d_copy_bound")
         if copy is not None and host is not None and copy.level >= 1.0:
             found["host_bound"] = replace(found["host_bound"], level=0.0)  # the CPU work is the copy
+        off = found.get("optimizer_offload")
+        if off is not None and off.level >= 1.0:
+            # the parameters copied back each step, the gradients' blocking copies and the CPU
+            # optimizer's time are the offload's: one cause, named once (an H100 offload job had
+            # h2d_copy_bound primary on PCIe alone, the whole idle counted as the copies')
+            for vid in ("h2d_copy_bound", "sync_stall", "host_bound"):
+                f = found.get(vid)
+                if f is not None and f.level >= 1.0:
+                    found[vid] = replace(f, level=0.0)
         self._causal(found, sig)
         rec = found.get("recompilation")
         if rec is not None and rec.level >= 1.0 and rec.lost_share > 0:

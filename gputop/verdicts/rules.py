@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gputop.derive.steps import COPY_WAYS, copies_text
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
@@ -227,10 +228,15 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
         return None
     level = _gate(rx / H2D_PCIE_RX_MIBS, sm < H2D_MAX_SM)
     cfg = loader_config(sig)
+    counted, per_step = _copies(sig)
     pageable = rx < PAGEABLE_PCIE_MIBS
+    if counted.get("h2d_pageable_pct") is not None:
+        pageable = counted["h2d_pageable_pct"] >= 50.0   # the probe saw the host side: no guess from the rate
     advice = []
     if pageable or cfg.get("pin_memory") is False:
-        advice.append(f"copies run at {rx / 1024:.1f} GiB/s, typical of pageable memory: pin the host "
+        why = ("the probe saw them come from pageable host memory" if counted.get("h2d_pageable_pct") is not None
+               else "typical of pageable memory")
+        advice.append(f"copies run at {rx / 1024:.1f} GiB/s, {why}: pin the host "
                       "buffers (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
                       ".to(device, non_blocking=True)")
     advice.append("keep data on the GPU across steps, send smaller dtypes (uint8 images, normalise on the GPU)")
@@ -238,10 +244,11 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
     return h2d_copy_bound.spec.finding(
         level=level, lost_share=lost, confidence=conf,
         evidence={"pcie_rx_mib_s": _r(rx, 0), "sm_active_pct": _r(sm), "pageable_suspected": pageable,
-                  "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory")},
+                  "main_cuda_wait_pct": _pct(sig.get("py.main.cuda")), "pin_memory": cfg.get("pin_memory"),
+                  **counted},
         advice="; ".join(advice) + ".",
         summary=f"PCIe host->device {rx / 1024:.1f} GiB/s while SMs are {sm:.0f}% active"
-                + (" (pageable memory?)" if pageable else ""))
+                + (f"; {per_step}" if per_step else " (pageable memory?)" if pageable else ""))
 
 
 @verdict(title="Sync stalls: the CPU waits for the GPU, then the GPU for the CPU", severity=SEVERITY_WARNING,
@@ -268,15 +275,24 @@ def sync_stall(sig: Signals) -> Finding | None:
         where = f" Hottest sync: {line[0]}."
     elif isinstance(line, str):
         where = f" Hottest sync: {line}."
+    # what the syncs cost: the GPU's idle while the thread waits on it or runs host code (it
+    # relaunches after each wait), not the idle of the sleeps, data or file waits that follow a
+    # sync (their own verdicts). A metrics POST after .item() (H100) was given all the idle: +40%,
+    # over loop_blocked's +32%, when the POST in a thread gained 38%.
     lost = _idle_share(sig)
+    if sig.get("budget.sync") is not None or sig.get("budget.cpu") is not None:
+        host = _host_side_idle(sig)
+        lost = host if lost is None else min(lost, host)
     if lost is None:
         lost = cuda or 0.0
     tx = sig.get("gpu.pcie_tx_mibs")
+    counted, per_step = _copies(sig)
     transfer = tx is not None and tx >= D2H_PCIE_TX_MIBS
     if transfer:
         # the waits are device-to-host copies (a blocking .cpu() / .to("cpu") of large tensors):
         # a transfer to make smaller or overlap, not a scalar read to remove
-        advice = (f"The waits are device-to-host copies (PCIe device->host {tx / 1024:.1f} GiB/s): copy less "
+        advice = (f"The waits are device-to-host copies (PCIe device->host {tx / 1024:.1f} GiB/s"
+                  + (f"; {per_step}" if per_step else "") + "): copy less "
                   "(only what the host needs, in a smaller dtype), into pinned buffers with "
                   "non_blocking=True on a side stream, and read them a step later." + where)
     else:
@@ -287,7 +303,7 @@ def sync_stall(sig: Signals) -> Finding | None:
         level=level, lost_share=lost, confidence=_confidence(0.85, _missing(sig, "stacks", "probe")),
         evidence={"main_cuda_wait_pct": _pct(cuda), "syncs_per_step": _r(syncs), "sm_active_pct": _r(sm),
                   "hottest_sync": line if isinstance(line, str) else (line[0] if line else None),
-                  "pcie_tx_mib_s": _r(tx, 0), "transfer": transfer},
+                  "pcie_tx_mib_s": _r(tx, 0), "transfer": transfer, **counted},
         advice=advice,
         summary=f"main thread waits on the GPU {_pct(cuda) or '?'}% of the time"
                 + (f", {syncs:.1f} syncs per step" if syncs is not None else "")
@@ -303,6 +319,26 @@ def _host_side_idle(sig: Signals) -> float:
     if sync is None and cpu is None:
         return _idle_share(sig) or 0.0
     return (sync or 0.0) + (cpu or 0.0)
+
+
+def _copies(sig: Signals) -> tuple[dict, str]:
+    """The probe's count of one step's copies between host and GPU (gputop/probe/flops.py) as
+    evidence fields and a clause ("per step: device->host 512 MB, all pageable, 41 ms"); empty
+    where the probe counted none."""
+    c = sig.facts.get("copies")
+    if not isinstance(c, dict):
+        return {}, ""
+    ev = {}
+    for way, _words in COPY_WAYS:
+        row = c.get(way) or {}
+        n, pageable, ms = row.get("bytes"), row.get("pageable_bytes"), row.get("ms")
+        if not isinstance(n, (int, float)):
+            continue
+        ev[f"{way}_mb_per_step"] = _r(n / 1e6, 1)
+        ev[f"{way}_pageable_pct"] = _pct(pageable / n) if n > 0 and isinstance(pageable, (int, float)) else None
+        ev[f"{way}_ms_per_step"] = _r(ms, 1) if isinstance(ms, (int, float)) else None
+    text = copies_text(c)
+    return ev, (f"per step: {text}" if text else "")
 
 
 def _offloaded(sig: Signals) -> tuple[float, int] | None:
@@ -338,11 +374,14 @@ def optimizer_offload(sig: Signals) -> Finding | None:
     opt = (sig.facts.get("probe_config") or {}).get("optimizer") or {}
     copies = "; ".join(f"PCIe {d} {v / 1024:.1f} GiB/s" for d, v in (("device->host", tx), ("host->device", rx))
                        if v is not None and v >= 1.0)
+    counted, per_step = _copies(sig)
+    if per_step:
+        copies = per_step + (f"; {copies}" if copies else "")
     return optimizer_offload.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.8, _missing(sig, "stacks", "budget")),
         evidence={"optimizer": opt.get("class"), "cpu_param_share_pct": _pct(share), "cpu_params": n,
                   "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "pcie_tx_mib_s": _r(tx, 0),
-                  "pcie_rx_mib_s": _r(rx, 0)},
+                  "pcie_rx_mib_s": _r(rx, 0), **counted},
         advice=("The optimizer steps on the CPU: each step copies the gradients to the host and the parameters "
                 "back, and the GPU waits meanwhile. If the model's state fits on the GPU, keep the optimizer there "
                 "with a fused GPU optimizer (torch.optim.AdamW(..., fused=True)); else make the offload overlap: "
