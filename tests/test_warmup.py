@@ -245,3 +245,28 @@ def test_the_probe_join_keeps_each_windows_idle_time():
             assert abs(data_idle - 6 * 0.05 * (1 - busy_data)) < 1e-9
         else:
             assert abs(data_idle - want) < 1e-9
+
+
+def test_the_probe_join_trusts_the_probes_data_wait_over_the_samples_and_the_counters():
+    """Where py-spy's samples in next(DataLoader) are fewer than the probe's timed wait (a handful a
+    window), they stand for the probe's share of the window (weights), so the data wait's idle is
+    the probe's; where the counters' smeared average gave the window less idle than the probe timed
+    on the GPU before the batches, the window gets the probe's; the budget still sums to 1."""
+    from gputop.derive.budget import DATA, Budget, Moment, Naming
+    from gputop.derive.moments import _calibrate
+    from gputop.model import Sample
+
+    data, cpu = Naming(DATA, None, None, "user", None), Naming("python", None, None, "user", None)
+    # the probe: 30% of the step time in the data wait, 30% of the window idle before the batches
+    w = Sample(1.0, "probe_step", "1", {"step_n": 10, "step_s_sum": 1.0, "gpu_n": 10, "gpu_s_sum": 0.7,
+                                        "data_wait_s_sum": 0.3, "window_s": 1.0})
+    # py-spy caught 2 of 20 samples in the wait (10%), and the counters say 25% idle
+    ms = [Moment(0.05 * i + 0.025, 0.05, 0.0 if i < 2 else 1.0 - 0.15 / 0.9, data if i < 2 else cpu)
+          for i in range(20)]
+    _calibrate(ms, [w])
+    b = Budget()
+    for m in ms:
+        b.add(m)
+    assert abs(b.seconds[DATA] - 0.3) < 1e-9            # the probe's, not 2 samples' 0.1 s
+    assert abs(b.total_s - 1.0) < 1e-9 and all(0.0 <= m.busy <= 1.0 for m in ms)
+    assert abs(sum(b.seconds.values()) - b.total_s) < 1e-9

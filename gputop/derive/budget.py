@@ -212,6 +212,9 @@ class Moment:
     busy: float | None       # 0-1, None without GPU counters
     naming: Naming
     split: KernelSplit | None = None  # for "python" moments
+    # the budget counts dt x weight: within a probe window the moments in next(DataLoader) stand
+    # for the probe's measured data wait, the others for the rest (derive/moments._calibrate)
+    weight: float = 1.0
 
 
 _FRAMED = frozenset((CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT))   # categories whose frames are kept
@@ -231,7 +234,7 @@ class Budget:
     def add(self, m: Moment) -> None:
         # (this runs for every moment of every window every second: the arithmetic is the
         # plain one, in the same order, so the seconds are the same to the last bit)
-        busy, dt = m.busy, m.dt
+        busy, dt = m.busy, m.dt * m.weight
         if busy is not None:
             idle = 1.0 - busy
             self.seconds[GPU_BUSY] += dt * busy
