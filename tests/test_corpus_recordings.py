@@ -83,7 +83,7 @@ def test_a_healthy_job_is_never_given_a_cause_worth_more_than_ten_percent(corpus
         assert r["right"], (r["job"], r["as_is"])
         # and its trap removed gained nothing (or cost: Lightning without pinning was 17% slower):
         # the job's own steps/s agree it was healthy
-        assert r["measured_gain"] < 0.05, (r["job"], r["rates"])
+        assert -0.25 < r["measured_gain"] < 0.05, (r["job"], r["rates"])
 
 
 def test_a_right_cause_predicts_a_gain_that_grows_with_the_measured_one(corpus):

@@ -81,11 +81,66 @@ def test_copies_come_with_the_count_and_a_cpu_job_copies_nothing(flops_run):
 
 
 def test_copy_fields_from_a_misbehaving_probe_are_numbers_or_nothing():
-    d = flops_data({"flops": 10, "copies": {"h2d_bytes": -5, "d2h_bytes": "x", "h2d_ms": float("nan"),
-                                            "d2h_pageable_bytes": 1e30, "h2d_n": True}})
-    assert d["copy_h2d_bytes"] == 0 and d["copy_d2h_bytes"] == 0 and d["copy_h2d_ms"] == 0.0
-    assert d["copy_h2d_n"] == 0
-    assert flops_data({"flops": None, "off": "no count yet", "copies": {"h2d_bytes": 5}})["copy_h2d_bytes"] is None
+    base = {"h2d_bytes": 100, "h2d_pageable_bytes": 40, "h2d_ms": 2.5, "h2d_n": 1,
+            "d2h_bytes": 10, "d2h_pageable_bytes": 10, "d2h_ms": 1.0, "d2h_n": 2}
+    good = flops_data({"flops": 10, "copies": base})
+    assert (good["copy_h2d_bytes"], good["copy_h2d_pageable_bytes"], good["copy_h2d_ms"], good["copy_d2h_n"]) == \
+        (100, 40, 2.5, 2)
+    for field, bad in (("h2d_ms", float("nan")), ("h2d_n", True), ("h2d_pageable_bytes", "x"), ("h2d_ms", -1)):
+        d = flops_data({"flops": 10, "copies": {**base, field: bad}})
+        assert d[f"copy_{field}"] == 0 and d["copy_h2d_bytes"] == 100, (field, d)
+    # pageable bytes never above the bytes copied
+    assert flops_data({"flops": 10, "copies": {**base, "h2d_pageable_bytes": 1e30}})["copy_h2d_pageable_bytes"] == 100
+    # bytes that are not a count: that way counted nothing
+    d = flops_data({"flops": 10, "copies": {**base, "d2h_bytes": -5}})
+    assert d["copy_d2h_bytes"] == 0 and d["copy_d2h_pageable_bytes"] == 0 and d["copy_h2d_bytes"] == 100
+    # no count, no copies: null, not 0
+    assert flops_data({"flops": None, "off": "no count yet", "copies": base})["copy_h2d_bytes"] is None
+
+
+def test_the_counter_adds_each_copy_by_direction_and_host_memory():
+    """gputop/probe/flops.py's copy accounting on tensors that say where they live (a CUDA tensor
+    cannot exist on this machine: the H100 recordings check the real ones, test_corpus_recordings):
+    host->device and device->host by the two sides' devices, pageable by the host side, a copy
+    that stays on one device not counted, and the adds safe from two threads."""
+    import threading
+
+    from gputop.probe.flops import _count_copy
+
+    class T:
+        def __init__(self, dev, n, pinned=False):
+            self.device, self._n, self._pinned = type("D", (), {"type": dev})(), n, pinned
+
+        def numel(self):
+            return self._n
+
+        def element_size(self):
+            return 4
+
+        def is_pinned(self):
+            return self._pinned
+
+    mode = type("M", (), {})()
+    mode.gputop_copies, mode.gputop_copies_lock = {}, threading.Lock()
+    _count_copy(mode, None, T("cuda", 10), (T("cpu", 10),), 0.0, 0.002)           # .to("cuda"), pageable
+    _count_copy(mode, None, T("cuda", 5), (T("cpu", 5, pinned=True),), 0.0, 0.0)  # pinned
+    _count_copy(mode, 1, None, (T("cpu", 3), T("cuda", 3)), 0.0, 0.001)          # host.copy_(device)
+    _count_copy(mode, None, T("cpu", 7), (T("cpu", 7),), 0.0, 0.001)              # a dtype cast on the host
+    _count_copy(mode, 1, None, (T("cuda", 7),), 0.0, 0.001)                       # malformed: no source
+    c = mode.gputop_copies
+    assert c["h2d_bytes"] == 60 and c["h2d_pageable_bytes"] == 40 and c["h2d_n"] == 2
+    assert abs(c["h2d_ms"] - 2.0) < 1e-9
+    assert c["d2h_bytes"] == 12 and c["d2h_pageable_bytes"] == 12 and c["d2h_n"] == 1
+
+    def add():
+        for _ in range(2000):
+            _count_copy(mode, None, T("cuda", 1), (T("cpu", 1),), 0.0, 0.0)
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mode.gputop_copies["h2d_n"] == 2 + 8000
 
 
 def test_a_new_batch_shape_is_counted_again_and_bf16_autocast_is_the_dtype(flops_run):

@@ -413,7 +413,8 @@ def _calibrate(ms: list[Moment], probe: list) -> None:
         # the window (the others for the rest): the data wait's idle is no longer capped by how
         # many samples happened to fall in it (the budget read 24% where the probe measured 30%
         # on an Accelerate job, 6% of samples apart in a 14 s run). Idle is counted in weighted
-        # seconds from here; the window's total is unchanged.
+        # seconds from here; the window's seconds are unchanged, its idle too unless the probe's
+        # timed idle before the batches is more than the counters gave (below).
         fd, fr = 1.0, 1.0
         frac = data_wait_fraction(w)
         rest_raw = sampled - data_s

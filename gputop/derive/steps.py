@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gputop.model import KIND_HEALTH, Sample
 from gputop.probe import wire
 from gputop.catalogue import KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_STEP, KIND_PROBE_SYNC
+from gputop.sources.probe_fields import COPY_WAYS, COPY_WHATS
 
 CONFIG_FACTS = ("torch", "cuda", "cudnn", "device_name", "amp_autocast", "tf32_matmul", "tf32_cudnn",
                 "float32_matmul_precision", "cudnn_benchmark", "deterministic_algorithms", "anomaly_detection",
@@ -334,20 +335,24 @@ def pool_steps(windows) -> StepPool:
                     skipped_steps=skipped, skipped_unknown=skipped_unknown, loss_scales=scales)
 
 
-COPY_WAYS = (("d2h", "device->host"), ("h2d", "host->device"))
-
-
 def copies_of(sample) -> dict | None:
     """The counted step's copies between host and GPU from a probe_step sample (gputop/probe/
     flops.py): {"d2h": {...}, "h2d": {...}}, each with bytes, pageable_bytes, ms and n per step;
     None where the probe counted none (no count yet, an older probe, torch.compile in use)."""
     out = {}
     for way, _words in COPY_WAYS:
-        row = {what: sample.get(f"copy_{way}_{what}") for what in ("bytes", "pageable_bytes", "ms", "n")}
+        row = {what: sample.get(f"copy_{way}_{what}") for what in COPY_WHATS}
         if type(row["bytes"]) not in (int, float):
             return None
         out[way] = {k: (v if type(v) in (int, float) else None) for k, v in row.items()}
     return out
+
+
+def latest_copies(windows: list) -> dict | None:
+    """The copies the probe's newest window carries (a count repeats in every window until the
+    next one, and a withdrawn count carries none): what the report, the verdicts and the Steps
+    view all show."""
+    return copies_of(windows[-1]) if windows else None
 
 
 def copies_text(copies: dict | None) -> str:
@@ -410,7 +415,7 @@ def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory
         "sync_info": None if pool.syncs is not None else off_reason(cfg, "syncs"),
         "sync_lines": list(syncs[-1].get("lines") or [])[:5] if syncs else [],
         # the last counted step's copies between host and GPU (per step; None: none counted)
-        "copies": next((c for c in (copies_of(w) for w in reversed(windows)) if c is not None), None),
+        "copies": latest_copies(windows),
     }
     if memory:
         peaks = [_n(m.get("peak_allocated")) for m in memory if _n(m.get("peak_allocated")) is not None]

@@ -34,7 +34,9 @@ settings (autocast dtype, else the parameters' dtype), never "?".
 the bytes each way, the part from or to pageable (unpinned) host memory, and the host time the
 copies held their thread. An op's time runs from the end of the op before it in the same thread
 (or the batch's arrival, or the count's start) to its own end: the mode sees an op only once it
-has run, so this is an upper bound (Python code between two ops counts too). A pageable copy, or
+has run, so this is an upper bound (Python code between two ops counts too). Only the training
+thread's copies and autograd's are seen (the mode is per thread): a prefetch thread's are not. A
+pageable copy, or
 a device-to-host copy without ``non_blocking``, holds the thread for the whole transfer; a pinned
 ``non_blocking`` one returns at once, so its time says what the loop paid, not the wire.
 
@@ -220,6 +222,8 @@ class FlopCounter:
         mode.gputop_settings_dtype = self._dtype_from_settings()
         mode.gputop_copy_ops = _copy_ops(torch)
         mode.gputop_copies = {}
+        mode.gputop_copies_lock = threading.Lock()   # the training thread and autograd's both add
+        mode.gputop_hooked = False
         mode.gputop_clock = {threading.get_ident(): time.perf_counter()}
         th = self.p.torch_hooks
         self._compiles_at_start = th.compile_count if th is not None else 0
@@ -255,7 +259,9 @@ class FlopCounter:
         if total and not by:   # an older FlopCounterMode without _count_flops: the settings say
             by = {self._dtype_from_settings(): self.flops}
         self.by_dtype = by
-        self.copies = {k: (v / steps) for k, v in mode.gputop_copies.items()}
+        # (an older FlopCounterMode without _count_flops never saw an op: no count, not zero)
+        self.copies = ({k: (v / steps) for k, v in mode.gputop_copies.items()}
+                       if getattr(mode, "gputop_hooked", False) else None)
         self.step = self._start_n + 1
         self.count_ms = (now - self._start_t) * 1000.0 / steps
         self.counts += 1
@@ -351,11 +357,12 @@ def _count_copy(mode, src_at, out, args, now: float, took: float) -> None:
     except Exception:
         return
     c = mode.gputop_copies
-    c[f"{way}_bytes"] = c.get(f"{way}_bytes", 0) + n
-    c[f"{way}_n"] = c.get(f"{way}_n", 0) + 1
-    c[f"{way}_ms"] = c.get(f"{way}_ms", 0.0) + took * 1000.0
-    if pageable:
-        c[f"{way}_pageable_bytes"] = c.get(f"{way}_pageable_bytes", 0) + n
+    with mode.gputop_copies_lock:
+        c[f"{way}_bytes"] = c.get(f"{way}_bytes", 0) + n
+        c[f"{way}_n"] = c.get(f"{way}_n", 0) + 1
+        c[f"{way}_ms"] = c.get(f"{way}_ms", 0.0) + took * 1000.0
+        if pageable:
+            c[f"{way}_pageable_bytes"] = c.get(f"{way}_pageable_bytes", 0) + n
 
 
 def _dtype_counter(base):
@@ -365,6 +372,7 @@ def _dtype_counter(base):
         def _count_flops(self, func_packet, out, args, kwargs):
             clock = getattr(self, "gputop_clock", None)
             if clock is not None:
+                self.gputop_hooked = True
                 now, tid = time.perf_counter(), threading.get_ident()
                 if func_packet in self.gputop_copy_ops:
                     _count_copy(self, self.gputop_copy_ops[func_packet], out, args, now, now - clock.get(tid, now))

@@ -15,6 +15,13 @@ def _spec(kind: str, field: str, unit: str, label: str, help: str, prom: str, pr
                       prom=prom, prom_help=prom_help, counter=counter)
 
 
+# The probe's copies between host and GPU, per step (gputop/probe/flops.py): one home for the
+# field names, ``copy_<way>_<what>``, read by probe_messages, derive/steps and the specs below.
+COPY_WAYS = (("d2h", "device->host"), ("h2d", "host->device"))
+COPY_WHATS = ("bytes", "pageable_bytes", "ms", "n")
+COPY_FIELDS = tuple(f"copy_{way}_{what}" for way, _ in COPY_WAYS for what in COPY_WHATS)
+
+
 def _step(*args, **kw) -> MetricSpec:
     return _spec(KIND_PROBE_STEP, *args, **kw)
 
@@ -91,7 +98,7 @@ METRICS: list[MetricSpec] = [
                  f"{words} per step, {what_help} (the counted step)", aggregate=False,
                  prom=f"probe_copy_{way}_{prom}" if prom else "",
                  prom_help=f"{words} per training step, {what_help}, counted on one sampled step." if prom else "")
-      for way, words in (("h2d", "host-to-device copies"), ("d2h", "device-to-host copies"))
+      for way, words in ((w, "host-to-device copies" if w == "h2d" else "device-to-host copies") for w, _ in COPY_WAYS)
       for what, unit, label, what_help, prom in (
           ("bytes", "B", "copied", "bytes", "bytes_per_step"),
           ("pageable_bytes", "B", "pageable", "bytes from or to pageable (unpinned) host memory",

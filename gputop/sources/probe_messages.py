@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from gputop.sources.probe_fields import COPY_FIELDS, COPY_WAYS, COPY_WHATS
+
 MAX_STR = 400
 
 
@@ -185,25 +187,27 @@ def compile_data(w: dict) -> dict:
     }
 
 
-COPY_FIELDS = tuple(f"copy_{way}_{what}" for way in ("h2d", "d2h") for what in ("bytes", "pageable_bytes", "ms", "n"))
-
-
 def copies_data(c) -> dict:
     """The counted step's copies between host and GPU (gputop/probe/flops.py) as probe_step
-    fields, per step; all None where the probe counted none (an older probe, no count yet)."""
+    fields, per step; all None where the probe counted none (an older probe, no count yet). A
+    way with valid bytes gets each other field checked on its own (a bad one is 0), and its
+    pageable bytes never above its bytes."""
     out = dict.fromkeys(COPY_FIELDS)
     if not isinstance(c, dict):
         return out
-    for key in COPY_FIELDS:
-        v = _num(c.get(key[len("copy_"):]))
-        if v is not None and v >= 0:
-            out[key] = _r(v, 3) if key.endswith("_ms") else _r(v, 1)
-    for way in ("h2d", "d2h"):   # a counted step with no copy that way: zero, not unknown
-        if out[f"copy_{way}_bytes"] is None:
-            out.update({f"copy_{way}_bytes": 0, f"copy_{way}_pageable_bytes": 0, f"copy_{way}_ms": 0.0,
-                        f"copy_{way}_n": 0})
-        elif out[f"copy_{way}_pageable_bytes"] is None:
-            out[f"copy_{way}_pageable_bytes"] = 0
+    for way, _words in COPY_WAYS:
+        n = _num(c.get(f"{way}_bytes"))
+        if n is None or n < 0:
+            out.update({f"copy_{way}_{what}": 0 for what in COPY_WHATS})   # counted: nothing that way
+            continue
+        vals = {}
+        for what in COPY_WHATS[1:]:
+            v = _num(c.get(f"{way}_{what}"))
+            vals[what] = v if v is not None and v >= 0 else 0
+        out[f"copy_{way}_bytes"] = _r(n, 1)
+        out[f"copy_{way}_pageable_bytes"] = _r(min(vals["pageable_bytes"], n), 1)
+        out[f"copy_{way}_ms"] = _r(vals["ms"], 3)
+        out[f"copy_{way}_n"] = _r(vals["n"], 1)
     return out
 
 

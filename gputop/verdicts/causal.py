@@ -28,7 +28,8 @@ MAX_LOSS = 0.95           # a lost share is never taken as more than this (the g
 
 # the budget category whose GPU-idle share a verdict's cause is (derive/budget.py)
 # (not sync_stall: while the main thread waits in a sync the GPU is busy; what a sync costs is
-# the launch gap after it, which the GPU's own idle share measures)
+# the launch gap after it: its rule takes the idle while the thread waits or runs host code, the
+# budget's sync + cpu shares, capped by the GPU's idle share)
 CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
                "communication_bound": "collective", "cpu_oversubscribed": "cpu_wait", "host_bound": "cpu",
                "io_stall": "io", "loop_blocked": "blocked"}

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gputop.derive.steps import COPY_WAYS, copies_text
+from gputop.derive.steps import copies_text
+from gputop.sources.probe_fields import COPY_WAYS
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
@@ -230,12 +231,15 @@ def h2d_copy_bound(sig: Signals) -> Finding | None:
     cfg = loader_config(sig)
     counted, per_step = _copies(sig)
     pageable = rx < PAGEABLE_PCIE_MIBS
-    if counted.get("h2d_pageable_pct") is not None:
-        pageable = counted["h2d_pageable_pct"] >= 50.0   # the probe saw the host side: no guess from the rate
+    seen = counted.get("h2d_pageable_pct") is not None and (counted.get("h2d_mb_per_step") or 0.0) >= 1.0
+    if seen:
+        # the probe saw the host side of this thread's copies: no guess from the rate (a copy of
+        # another Python thread, a prefetcher's, is not seen: a step with under 1 MB counted says
+        # nothing about the rest)
+        pageable = counted["h2d_pageable_pct"] >= 50.0
     advice = []
     if pageable or cfg.get("pin_memory") is False:
-        why = ("the probe saw them come from pageable host memory" if counted.get("h2d_pageable_pct") is not None
-               else "typical of pageable memory")
+        why = "the probe saw them come from pageable host memory" if seen else "typical of pageable memory"
         advice.append(f"copies run at {rx / 1024:.1f} GiB/s, {why}: pin the host "
                       "buffers (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
                       ".to(device, non_blocking=True)")

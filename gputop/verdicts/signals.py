@@ -18,7 +18,7 @@ from operator import add
 
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
-from gputop.derive.steps import copies_of, pool_collectives, pool_steps
+from gputop.derive.steps import latest_copies, pool_collectives, pool_steps
 from gputop.derive.thread_samples import window_weight
 from gputop.derive.threads import KIND_THREAD_STATE
 from gputop.model import KIND_GPU, KIND_GPU_INFO, KIND_GPU_PROCS, KIND_HEALTH, KIND_PROC, KIND_SYSTEM
@@ -307,7 +307,7 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
         sig.set("probe.scaler_seen_steps", float(pool.scaler_steps - pool.skipped_unknown))
         known = [v for v in pool.loss_scales if v is not None]
         sig.facts["loss_scale"] = (known[0], known[-1], min(known)) if known else None
-    copies = copies_of(samples[-1])
+    copies = latest_copies(samples)
     if copies is not None:
         sig.facts["copies"] = copies
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:

@@ -17,7 +17,7 @@ import os
 
 from rich.text import Text
 
-from gputop.derive.steps import copies_of, copies_text, off_reason, pool_steps, step_split
+from gputop.derive.steps import copies_text, latest_copies, off_reason, pool_steps, step_split
 from gputop.catalogue import KIND_PROBE_STEP
 from gputop.sources.probe_fields import METRICS as PROBE_METRICS
 from gputop.ui import fmt
@@ -284,7 +284,7 @@ class StepsPanel(TextPanel):
                          f"(×{d.get('sync_top_count')} in the window)")
         else:
             t.append(f"syncs n/a ({fmt.clean(off_reason(cfg.data if cfg is not None else None, 'syncs'))})", style=STYLE_DIM)
-        copies = copies_of(latest)
+        copies = latest_copies(snap.series("probe_step", key))
         if copies is not None:
             t.append(f"\ncopies/step {fmt.clean(copies_text(copies) or 'none over 1 MB')}")
         spark_w = max(10, min(60, width - 24))
