@@ -105,7 +105,7 @@ METRICS: list[MetricSpec] = [
            "pageable_bytes_per_step"),
           ("ms", "ms", "copy time", "host time the copies held their thread (an upper bound)",
            "seconds_per_step"),
-          ("n", "", "copies", "copy ops", ""))),
+          ("n", "", "copies", "copy ops", "ops_per_step"))),
     _memory("allocated", "B", "CUDA allocated", "CUDA caching allocator: memory allocated now",
             "probe_cuda_memory_allocated_bytes", "CUDA caching allocator: memory allocated now, in bytes."),
     _memory("reserved", "B", "CUDA reserved", "CUDA caching allocator: memory reserved now",
