@@ -30,6 +30,30 @@ def test_input_bound_probe_on_cuda_splits_the_step():
     assert 0 < rank["gpu_ms_per_step"] < rank["step_ms"]["mean"]
 
 
+def test_a_data_wait_the_gpu_overlaps_is_a_note_not_input_bound():
+    """benchmarks/probe_accuracy.py's "gpu_bound" job on the H200 waits 30% of each step for its
+    batch, but its GPU span (3.3 ms) covers the step (3.1 ms): the GPU never waits for the data.
+    The probe timed no idle, so input_bound costs nothing: a note "not on the critical path", no
+    verdict (it was primary at +42% before its cost was the probe's timed idle). The input-bound
+    job of the same benchmark keeps its verdict, with the probe's idle as its cost."""
+    from gputop.session.whole_replay import replay_whole
+    from gputop.verdicts import default_processors
+
+    rep = build_report(str(H200 / "probe" / "probe_gpu_bound_cuda.gtrec"))
+    rank = rep["probe"]["ranks"][0]
+    assert rank["data_wait_share"] > 0.2 and rank["gpu_ms_per_step"] >= rank["step_ms"]["mean"]
+    assert rep["primary_verdict"] is None or rep["primary_verdict"].get("id") != "input_bound", rep["primary_verdict"]
+    out = replay_whole(str(H200 / "probe" / "probe_gpu_bound_cuda.gtrec"), default_processors(),
+                       kinds={"verdict_primary"})
+    notes = [n for s in out.samples for n in (s.get("notes") or [])]
+    assert any(n["id"] == "input_bound" and "not on the critical path" in n["text"] for n in notes), notes[:3]
+    other = build_report(str(H200 / "probe" / "probe_input_bound_cuda.gtrec"))
+    assert other["primary_verdict"]["id"] == "input_bound"
+    rk = other["probe"]["ranks"][0]
+    idle = min(rk["data_wait_share"], 1 - rk["gpu_ms_per_step"] / rk["step_ms"]["mean"])
+    assert abs(other["verdicts"]["input_bound"]["evidence"]["fix_gain_pct"] / 100 - idle / (1 - idle)) < 0.35
+
+
 def test_two_ranks_on_one_h200_are_found_with_their_gpu():
     rep = build_report(str(H200 / "ranks.gtrec"))
     ranks = rep["ranks"]["ranks"]

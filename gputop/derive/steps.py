@@ -195,6 +195,17 @@ class StepPool:
         return (self.gpu_s_sum / self.gpu_n) / (self.step_s_sum / self.timed_steps)
 
     @property
+    def data_idle_share(self) -> float | None:
+        """The share of step time the GPU idled while the loop waited for its batch: the GPU had
+        nothing of the step to do before the batch's event, so it idled ``step - span`` of each
+        step, and that while the loop waited: min(data wait, 1 - GPU span) / step. None without
+        a timed wait or a GPU span. (benchmarks/corpus_split.py compares it with the budget.)"""
+        wait, gpu = self.data_wait_share, self.gpu_share
+        if wait is None or gpu is None:
+            return None
+        return min(wait, max(0.0, 1.0 - gpu))
+
+    @property
     def other_ms_per_step(self) -> float | None:
         mean_s = self.step_s_mean
         if mean_s is None:

@@ -21,7 +21,8 @@ from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
 from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
-from gputop.verdicts.causal import BUSY_GATE, NO_GAIN, NOT_GATED, URGENT, causal_loss, fix_gain, gpu_busy
+from gputop.verdicts.causal import (BUSY_GATE, MIN_TIMED_LOSS, NO_GAIN, NOT_GATED, URGENT, causal_loss, fix_gain,
+                                    gpu_busy, timed_loss)
 from gputop.verdicts.compile_rules import RECOMPILES_EXPLAIN
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
@@ -154,6 +155,12 @@ class VerdictEngine:
                 continue
             loss = causal_loss(vid, f.lost_share, sig)
             gain = fix_gain(loss)
+            timed = timed_loss(vid, sig)
+            if timed is not None and timed < MIN_TIMED_LOSS and f.level >= 1.0:
+                self.notes.append({"id": vid, "text": f"{f.summary}; the GPU does not idle meanwhile (the probe's "
+                                                      "GPU spans cover the steps): not on the critical path"})
+                found[vid] = replace(f, level=0.0, lost_share=loss, gain=gain)
+                continue
             if busy is not None and busy >= BUSY_GATE and vid not in NOT_GATED and f.level >= 1.0:
                 self.notes.append({"id": vid, "text": f"{f.summary}; the GPU stays busy {busy * 100:.0f}% of the "
                                                       "time: not on the critical path"})

@@ -314,6 +314,7 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
         return
     sig.set("probe.step_ms", pool.step_ms_mean)
     sig.set("probe.data_wait_share", pool.data_wait_share)
+    sig.set("probe.data_idle_share", pool.data_idle_share)
     sig.set("probe.gpu_share", pool.gpu_share)
     sig.set("probe.syncs_per_step", pool.syncs_per_timed_step)
     _collective_signals(samples, sig)
