@@ -7,7 +7,8 @@ allocates again. The lengths rise through each group of 16 batches (batches grou
 so most steps want blocks a little larger than any the cache holds (random lengths made 4
 retries in 48 steps on an H100: a longer batch mostly found a block). Its peak is measured at
 the longest length, then the cache is emptied before the rest of the GPU is taken, so the cache
-is rebuilt under varying lengths. ALLOC_SIZE=width,layers,batch,max_len tries other sizes.
+is rebuilt under varying lengths. ALLOC_SIZE=width,layers,batch,max_len tries other sizes,
+ALLOC_HEADROOM other margins (a share of the peak; "none": the rest of the GPU left free).
 Fix (--fixed): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set before torch loads: segments
 grow in place instead of being freed and allocated again.
 """
@@ -59,7 +60,9 @@ if gpu:
     # block that fits and no free memory beside the cache: the real job's situation.
     torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info()
-    spare = free - (peak - torch.cuda.memory_reserved()) - int(0.03 * peak)
+    # ALLOC_HEADROOM (a share of the peak, default 0.03) explores other margins; "none": no filler
+    margin = os.environ.get("ALLOC_HEADROOM", "0.03")
+    spare = -1 if margin == "none" else free - (peak - torch.cuda.memory_reserved()) - int(float(margin) * peak)
     if spare > 0:
         filler = torch.empty(spare, dtype=torch.uint8, device=device)   # THE CAUSE: no headroom
 rng = random.Random(0)
