@@ -36,9 +36,9 @@ copies held their thread. An op's time runs from the end of the op before it in 
 (or the batch's arrival, or the count's start) to its own end: the mode sees an op only once it
 has run, so this is an upper bound (Python code between two ops counts too). Only the training
 thread's copies and autograd's are seen (the mode is per thread): a prefetch thread's are not. A
-pageable copy, or
-a device-to-host copy without ``non_blocking``, holds the thread for the whole transfer; a pinned
-``non_blocking`` one returns at once, so its time says what the loop paid, not the wire.
+pageable copy, or a device-to-host copy without ``non_blocking``, holds the thread for the whole
+transfer; a pinned ``non_blocking`` one returns at once, so its time says what the loop paid,
+not the wire.
 
 Imports: the standard library only (torch is handed in by torch_hooks).
 """
@@ -374,8 +374,12 @@ def _dtype_counter(base):
             if clock is not None:
                 self.gputop_hooked = True
                 now, tid = time.perf_counter(), threading.get_ident()
-                if func_packet in self.gputop_copy_ops:
-                    _count_copy(self, self.gputop_copy_ops[func_packet], out, args, now, now - clock.get(tid, now))
+                try:   # (a triton kernel comes as a JITFunction, perhaps unhashable: never the job's error)
+                    src_at = self.gputop_copy_ops.get(func_packet, False)
+                except Exception:
+                    src_at = False
+                if src_at is not False:
+                    _count_copy(self, src_at, out, args, now, now - clock.get(tid, now))
                 clock[tid] = now
             glob = self.flop_counts["Global"]
             before = glob.get(func_packet, 0)
