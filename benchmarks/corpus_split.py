@@ -40,10 +40,12 @@ def split(path: pathlib.Path) -> dict | None:
     rk = max(ranks, key=lambda r: r.get("steps") or 0)
     step = (rk.get("step_ms") or {}).get("mean")
     span, wait = rk.get("gpu_ms_per_step"), rk.get("data_wait_ms_per_step")
-    if not step or span is None or wait is None or not rk.get("batches") or shares.get("data") is None:
+    if not step or span is None or wait is None or not rk.get("batches") or shares.get("data") is None \
+            or rk.get("data_idle_share") is None:
         return None   # no DataLoader, or no GPU span: nothing of the probe's to compare
+    # probe_data: the report's own figure (derive/steps.py, StepPool.data_idle_share), input_bound's cost
     return {"file": path.name, "steps": rk.get("steps"), "wait": wait / step, "idle": max(0.0, step - span) / step,
-            "probe_data": min(wait, max(0.0, step - span)) / step, "budget_data": shares["data"]}
+            "probe_data": rk.get("data_idle_share"), "budget_data": shares["data"]}
 
 
 def main() -> int:

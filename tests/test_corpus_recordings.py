@@ -198,3 +198,14 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such folder" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("env", [{"ALLOC_SIZE": "1,2"}, {"ALLOC_HEADROOM": "lots"}])
+def test_the_allocator_jobs_exploring_knobs_refuse_bad_values_in_one_line(env):
+    import os
+
+    job = ROOT / "benchmarks" / "corpus" / "alloc_thrash_varlen.py"
+    r = subprocess.run([sys.executable, str(job), "--seconds", "1"], env={**os.environ, **env},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert next(iter(env)) in r.stderr

@@ -27,7 +27,18 @@ torch, device = torch_and_device()
 gpu = device.type == "cuda"
 width, layers, batch, max_len = pick((2048, 12, 16, 2048), (64, 2, 4, 64))
 if os.environ.get("ALLOC_SIZE"):   # exploring other sizes: ALLOC_SIZE=width,layers,batch,max_len
-    width, layers, batch, max_len = (int(v) for v in os.environ["ALLOC_SIZE"].split(","))
+    try:
+        width, layers, batch, max_len = (int(v) for v in os.environ["ALLOC_SIZE"].split(","))
+    except ValueError:
+        print(f"alloc_thrash_varlen: ALLOC_SIZE={os.environ['ALLOC_SIZE']!r} is not four integers "
+              "(width,layers,batch,max_len)", file=sys.stderr)
+        sys.exit(2)
+margin = os.environ.get("ALLOC_HEADROOM", "0.03")   # a share of the peak; "none": no filler
+try:
+    margin = None if margin == "none" else float(margin)
+except ValueError:
+    print(f"alloc_thrash_varlen: ALLOC_HEADROOM={margin!r} is not a number or 'none'", file=sys.stderr)
+    sys.exit(2)
 block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
                                          batch_first=True, norm_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
@@ -60,9 +71,7 @@ if gpu:
     # block that fits and no free memory beside the cache: the real job's situation.
     torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info()
-    # ALLOC_HEADROOM (a share of the peak, default 0.03) explores other margins; "none": no filler
-    margin = os.environ.get("ALLOC_HEADROOM", "0.03")
-    spare = -1 if margin == "none" else free - (peak - torch.cuda.memory_reserved()) - int(float(margin) * peak)
+    spare = -1 if margin is None else free - (peak - torch.cuda.memory_reserved()) - int(margin * peak)
     if spare > 0:
         filler = torch.empty(spare, dtype=torch.uint8, device=device)   # THE CAUSE: no headroom
 rng = random.Random(0)

@@ -414,6 +414,8 @@ def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory
         },
         "data_wait_ms_per_step": _r(pool.data_wait_ms_per_step),
         "data_wait_share": _r(pool.data_wait_share, 4),
+        # the share of step time the GPU idled while the loop waited for its batch (input_bound's cost)
+        "data_idle_share": _r(pool.data_idle_share, 4),
         "gpu_ms_per_step": _r(pool.gpu_ms_per_step),
         "gpu_steps_timed": pool.gpu_n,
         "gpu_info": None if pool.gpu_n else off_reason(cfg, "cuda_events"),
