@@ -35,8 +35,10 @@ def test_a_writer_stuck_on_a_full_pipe_never_blocks_on_samples(tmp_path):
                 time.sleep(0.02)  # let the writer run (and get stuck)
         took.sort()
         # Milliseconds, on a shared 2-core machine where the writer's JSON encoding holds the GIL
-        # now and then; before, the first call after the pipe filled never returned.
-        assert took[len(took) // 2] < 0.001 and took[-20] < 0.02 and took[-1] < 1.0, \
+        # now and then; before, the first call after the pipe filled never returned. The worst
+        # single call only bounds a hang: beside two CPU hogs one took 1.06 s (descheduled, the
+        # median still 0.04 ms), so a second was a timing bound, not the behaviour.
+        assert took[len(took) // 2] < 0.001 and took[-20] < 0.02 and took[-1] < 5.0, \
             f"median {took[len(took) // 2] * 1e3:.2f} ms, p99 {took[-20] * 1e3:.1f} ms, worst {took[-1] * 1e3:.0f} ms"
         assert rec.dropped > 50_000
         h = rec.health()
