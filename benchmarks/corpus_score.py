@@ -113,18 +113,21 @@ def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
     # cause is stays unmeasured (a second fix would tell): scored apart, in neither count. Where
     # gputop named the refuted cause, it predicted a gain the fix did not bring: a miss, counted
     row["refuted"] = (job.cause is not None and job.cause not in NO_GAIN and row["measured_gain"] is not None
-                      and row["measured_gain"] < GAIN_NOTE and a["primary"] != job.cause)
+                      and row["measured_gain"] < GAIN_NOTE and a["primary"] != job.cause
+                      and a["primary"] not in job.also)
     if job.cause is None:
         row["right"] = not wrong_cause(a)
     else:
-        row["right"] = a["primary"] == job.cause and not (
+        named = a["primary"] == job.cause or a["primary"] in job.also
+        row["also"] = a["primary"] != job.cause and named
+        row["right"] = named and not (
             job.cause not in NO_GAIN and row["measured_gain"] is not None and row["measured_gain"] < GAIN_NOTE)
     if recs["fixed"] is not None:
         f = judge(recs["fixed"])
         row["fixed"] = f
         row["fixed_ok"] = not wrong_cause(f)
     measured = row["measured_gain"]
-    if job.cause is not None and job.cause not in NO_GAIN and measured is not None and a["primary"] == job.cause \
+    if job.cause is not None and job.cause not in NO_GAIN and measured is not None and row["right"] \
             and a["gain"] is not None:
         m, g = row["measured_gain"], a["gain"]
         row["gain_ok"] = abs(g - m) <= max(GAIN_ABS, GAIN_REL * abs(m))
@@ -157,7 +160,9 @@ def summary(rows: list[dict]) -> list[str]:
             f"  gain within +-30%/5 pt:         {_pct(sum(r['gain_ok'] for r in gains), len(pairs))}"
             f" (of pairs with a measured gain; {len(gains)} had the right primary)",
             f"  same primary attached late:     {_pct(sum(r['attach_same'] for r in attach), len(attach))}",
-            f"  refuted by their own fix (< {GAIN_NOTE:.0%}), not counted: {', '.join(refuted) or 'none'}"]
+            f"  refuted by their own fix (< {GAIN_NOTE:.0%}), not counted: {', '.join(refuted) or 'none'}",
+            f"  right under another name (manifest's also), counted: "
+            f"{', '.join(r['job'] for r in rows if r.get('also')) or 'none'}"]
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 from gputop.report import build_report
+from gputop.verdicts.causal import MAX_LOSS, fix_gain
 from run_helpers import headless_report
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
@@ -31,7 +32,10 @@ def test_a_recompiling_loop_is_named_and_the_padded_one_is_not():
     assert ev["function"] == "forward_loss" and ev["where"].endswith("recompile_train.py:35"), ev
     assert "size mismatch at index 1" in ev["guard_failed"], ev
     assert ev["recompiles"] >= 2 and ev["compile_pct"] >= 5, ev
-    assert 0 < rep["primary_verdict"]["gain_pct"] <= 1900, rep["primary_verdict"]
+    # (the gain assumes the fixed steps cost what the steps without a recompile cost; padding to
+    # the longest length on a CPU makes each step dearer: 116 -> 44 steps/s here, where the H100's
+    # compile_varlen gained 124x. So the test holds the figure to its bounds, the H100 to its value)
+    assert 0 < rep["primary_verdict"]["gain_pct"] <= fix_gain(MAX_LOSS) * 100, rep["primary_verdict"]
     assert "pad or bucket variable shapes" in v["advice"]
     fixed = _report("--fixed", seconds=20)   # (its one compile is in the warm-up)
     # judged, not left in warm-up: every call of a compiled function passes through dynamo's

@@ -115,6 +115,7 @@ class Naming:
     # inside backward(): on a GPU, autograd's own device thread launches the backward kernels
     # while this thread waits for it, so its time off the CPU is CPU work done for it
     engine_wait: bool = False
+    site: str | None = None  # "file:line" of ``frame``: where the probe counts a device sync (moments.py)
 
 
 def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
@@ -133,8 +134,9 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
     leaf_owner = owner(own[1]) if own is not None else "unknown"
     frame = frame_name(own) if own is not None else None
     path = own[1] if own is not None else None
+    site = f"{own[1]}:{own[2]}" if own is not None else None
     if fr.io_why(frames, stack, leaf_code):
-        return Naming(IO, frame, path, leaf_owner, hint)
+        return Naming(IO, frame, path, leaf_owner, hint, site=site)
     cat, _why = fr.classify(frames, stack, leaf_code)
     cat = {fr.DATA: DATA, fr.COLLECTIVE: COLLECTIVE, fr.CUDA: SYNC, fr.IDLE: BLOCKED,
            fr.UNKNOWN: UNKNOWN}.get(cat, "python")
@@ -144,7 +146,7 @@ def name_stack(frames: list, stack: list[int], leaf_code: str | None) -> Naming:
         # inside an nn.Module's call (the user's forward too) or a backward pass: the model
         # launching its kernels
         leaf_owner = MODEL
-    return Naming(cat, frame, path, leaf_owner, hint, engine)
+    return Naming(cat, frame, path, leaf_owner, hint, engine, site)
 
 
 def _in_module_call(frames: list, stack: list[int]) -> bool:

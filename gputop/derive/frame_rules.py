@@ -96,6 +96,12 @@ LINE_RULES: tuple[LineRule, ...] = (
              "a call that waits for the GPU (.item(), .cpu(), .tolist(), .numpy(), .to('cpu'), synchronize())"),
     LineRule(IDLE, re.compile(r"\bsleep\(|\.acquire\(|\.recv(_into|from)?\(|\.accept\(|\bselect\("),
              "a blocking call (sleep, lock acquire, socket receive, select)"),
+    # ``with self.lock:`` acquires in C (no frame of its own): an uncontended acquire takes
+    # nanoseconds, so a sample on that line is the thread waiting for the lock's holder (the
+    # corpus's accelerate_log_sleep: a metrics client's log() waits ~35 ms a step for its
+    # flusher's upload, and the second's kernel split gave that wait to the step's CPU code)
+    LineRule(IDLE, re.compile(r"^\s*(async\s+)?with\s+[\w.]*\b_?(\w+_)?(lock|mutex)\b(?!\s*\()", re.I),
+             "waiting to acquire a lock (with ...lock:)"),
 )
 
 

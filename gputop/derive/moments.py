@@ -31,16 +31,21 @@ sure. The join, smeared over NVML's averaging period, gives those waits only par
 and the sync itself the rest (a loop that .item()s then POSTs its metrics for 0.3 s every second,
 H100: 13% blocked and 13% "sync" where its fix gained 38%). ``_drain_after_sync`` moves idle
 time onto them, taken from the syncs first, then from the window's other moments, so the
-window's idle time is kept exactly.
+window's idle time is kept exactly. A sync is a frame or line the rules know (``.item()``,
+``synchronize()``), or, with the probe, a line where it counted implicit device syncs
+(``sync_sites``): a pageable batch copy in Accelerate's ``send_to_device`` waits for the
+previous step while CUDA spins on the CPU, so only the probe's count tells it from Python code
+(the corpus's accelerate_log_sleep: the lock wait after that copy was its cost, 44% by its fix).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import OrderedDict
 from functools import lru_cache
 
-from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL
+from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STACKS, KIND_THREAD_KERNEL
 from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, Budget, KernelSplit, Moment,
                                   Naming, budget_of, name_stack)
 
@@ -157,6 +162,25 @@ def _named(key: tuple, leaf_code: str | None) -> Naming:
     return name_stack(frames, stack, leaf_code)
 
 
+def sync_sites(data: dict) -> frozenset:
+    """The lines where the probe counted implicit device syncs (a probe_sync sample's ``lines``:
+    ["file:line", count], the first frame outside torch, as ``Naming.site`` names a stack)."""
+    lines = data.get("lines") if isinstance(data, dict) else None
+    return frozenset(x[0] for x in lines if isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+                     and type(x[1]) is int and x[1] > 0) if isinstance(lines, list) else frozenset()
+
+
+@lru_cache(maxsize=4096)
+def _as_sync(naming: Naming) -> Naming:
+    """A "Python code" stack at a line where the probe counted device syncs: the thread is waiting
+    for the GPU there, not running code (a copy of a pageable batch, .item() under a name the line
+    rules do not know). CUDA's wait spins on the CPU, so the kernel's view calls it running; the
+    probe's sync count says what it is (the corpus's accelerate_log_sleep: Accelerate's
+    send_to_device waited for the previous step to finish, charged as CPU code, and the lock wait
+    after it, which the GPU idled through, was not told apart)."""
+    return dataclasses.replace(naming, cat=SYNC)
+
+
 class _Cached:
     """A settled py-spy window's moments, and their Budget once one is asked for."""
     __slots__ = ("sample", "moments", "_budget")
@@ -223,6 +247,8 @@ class MomentBuilder:
         busy = GpuBusy(store, since - 2.0, gpus, lines_since)
         self.with_gpu = self.with_gpu or busy.has_lines   # once a session has GPU counters, it has them
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
+        sync = store.latest(KIND_PROBE_SYNC, pid) if fresh else None
+        sites = sync_sites(sync.data) if sync is not None else frozenset()
         probe = store.window(KIND_PROBE_STEP, since - 2.0).get(pid, []) if fresh else []
         out: list[Moment] = []
         for s, hit in zip(stacks, hits):   # (as found above: caching below may evict an older hit)
@@ -235,7 +261,7 @@ class MomentBuilder:
                     continue
                 ms = [m for m in ms if m.t >= since]
             else:
-                ms = self._window(s, pid, busy, kernel, probe)
+                ms = self._window(s, pid, busy, kernel, probe, sites)
                 settled = s.t <= now - SETTLE_S or (busy.newest is not None and busy.newest >= s.t and
                                                     any(k.t >= s.t for k in kernel) and
                                                     (not probe or probe[-1].t >= s.t))
@@ -251,7 +277,8 @@ class MomentBuilder:
                     budget.add(m)
         return out, busy.source
 
-    def _window(self, s, pid: str, busy: GpuBusy, kernel: list, probe: list | None = None) -> list[Moment]:
+    def _window(self, s, pid: str, busy: GpuBusy, kernel: list, probe: list | None = None,
+                sites: frozenset = frozenset()) -> list[Moment]:
         data = s.data
         th = main_thread(data, pid)
         frames, code = data.get("frames"), data.get("code") or {}
@@ -273,6 +300,7 @@ class MomentBuilder:
         unknown = Naming("unknown", None, None, "unknown", None)
         table = [(f[0], f[1], f[2] if type(f[2]) is int else f"{f[2]}") for f in frames]
         names = [naming_of(table, st, code) if st else unknown for _c, st in stacks]
+
         seq = th.get("seq")
         order: list[Naming] = []
         timed = isinstance(seq, list) and len(seq) % 2 == 0 and all(type(x) is int for x in seq)
@@ -300,7 +328,7 @@ class MomentBuilder:
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]
             if timed:
-                _drain_after_sync(ms)
+                _drain_after_sync(ms, sites)
             if probe:
                 _calibrate(ms, probe)
         self._split(ms, pid, kernel)
@@ -333,13 +361,16 @@ class MomentBuilder:
 _DRAINED_WAITS = (BLOCKED, IO)   # off-CPU waits that launch nothing (a DataLoader wait is placed by the probe)
 
 
-def _drain_after_sync(ms: list[Moment]) -> None:
+def _drain_after_sync(ms: list[Moment], sites: frozenset = frozenset()) -> None:
     """Make the waits that follow a device sync idle, keeping the window's idle time (the
     module's docstring). ``ms``: one py-spy window's moments in the order they were sampled."""
     drained, after_sync = [], False
+    def is_sync(m: Moment) -> bool:
+        return m.naming.cat == SYNC or (m.naming.cat == "python" and m.naming.site in sites)
+
     for m in ms:
         cat = m.naming.cat
-        if cat == SYNC:
+        if is_sync(m):
             after_sync = True
         elif after_sync and cat in _DRAINED_WAITS:
             drained.append(m)
@@ -349,8 +380,8 @@ def _drain_after_sync(ms: list[Moment]) -> None:
     if need <= 0:
         return
     ids = {id(m) for m in drained}
-    syncs = [m for m in ms if m.naming.cat == SYNC]
-    others = [m for m in ms if id(m) not in ids and m.naming.cat != SYNC]
+    syncs = [m for m in ms if is_sync(m)]
+    others = [m for m in ms if id(m) not in ids and not is_sync(m)]
     from_sync = sum((1.0 - m.busy) * m.dt for m in syncs)
     from_others = sum((1.0 - m.busy) * m.dt for m in others)
     move = min(need, from_sync + from_others)

@@ -47,7 +47,10 @@ def recompilation(sig: Signals) -> Finding | None:
         limit_top = sig.facts.get("recompile_limit_top")
         top = dict(limit_top) if isinstance(limit_top, dict) else {}
     level = share / RECOMPILE_SHARE if repeated else 0.0
-    lost = share if repeated else LIMIT_LOSS
+    # (the cost over the rule's horizon: dynamo's clock, or the recompiling steps' excess over a
+    # typical step: derive/steps.py, StepPool.recompile_cost_share)
+    cost = sig.get("probe.recompile_cost")
+    lost = max(share, cost if cost is not None else 0.0) if repeated else LIMIT_LOSS
     if limit_total > 0:
         level = max(level, LIMIT_LEVEL)
     fn, where, reason = top.get("function"), top.get("where"), top.get("reason")

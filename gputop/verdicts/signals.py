@@ -292,6 +292,9 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
         horizon = _window(store, KIND_PROBE_STEP, sig.now - RECOMPILE_HORIZON_S).get(key, [])
         recent = sum(1 for s in horizon if type(s.get("recompiles")) is int and s.get("recompiles") > 0)
         sig.set("probe.recompile_windows", float(max(pool.recompile_windows, recent)))
+        # what recompiling costs, over the same horizon: one recompile under inductor takes
+        # seconds, and a 10 s window holds either a compile or the fast steps between two
+        sig.set("probe.recompile_cost", pool_steps(horizon).recompile_cost_share)
         sig.set("probe.recompile_limit_hits", float(pool.recompile_limit_hits))
         sig.facts["recompile_top"] = pool.recompile_top
         last = samples[-1]
