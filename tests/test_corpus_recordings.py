@@ -6,7 +6,8 @@ there (the job's own steps/s). Two runs make the corpus: benchmarks/results/h100
 call) first, then benchmarks/results/h200-corpus-1206/ (an H200: the other 22); each job's pair
 comes from one run, one card.
 
-The jobs judged right at the first scoring of each run (docs/verdicts.md, "The corpus") must stay
+Three jobs were run again for longer (``h100-corpus-1206b``, first in the list). The jobs judged
+right at the first scoring of each run (docs/verdicts.md, "The corpus") must stay
 right: a rule change that loses one fails here, whichever job it is, even if it wins another;
 one that wins a job adds it to these sets in the same commit.
 """
@@ -23,11 +24,14 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "results" / "h200-corpus-1206" / "h200"
 RUN_H100 = ROOT / "benchmarks" / "results" / "h100-corpus-1206" / "h200"   # (h200.sh names its folder so)
+# three jobs run again for longer on an H100 (third session of 2026-12-06): their 14 s pairs were
+# too short to judge after a late attach, or held 2 steps of a GIL-starved loop
+RUN_LONG = ROOT / "benchmarks" / "results" / "h100-corpus-1206b" / "h200"
 
 # the right primary as it is (a healthy job: no cause predicting > 10%) ...
 RIGHT = {"accelerate_gpu_bound", "eval_every_5s", "lightning_resnet_pin", "memory_bound_elementwise",
          "nanogpt_item_every10", "overlapped_pinned_copy", "trainer_gpt2_large_batch", "unet_diffusion_ema",
-         "accelerate_tokenize_main", "recsys_cpu_embedding", "accelerate_log_sleep",
+         "accelerate_tokenize_main", "recsys_cpu_embedding", "accelerate_log_sleep", "gil_metrics_thread",
          "ckpt_every_2s", "dataloader_keeps_up", "host_cpu_augment",
          "lightning_sync_metrics", "lightning_workers0", "logger_thread_light", "plain_pageable_h2d",
          "push_metrics_blocking", "rnn_lstmcell_loop", "small_ckpt_every_5s", "small_mlp_launch",
@@ -55,7 +59,8 @@ def score(tmp_path: pathlib.Path, *args: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> list[dict]:
-    return score(tmp_path_factory.mktemp("corpus"), str(RUN_H100 / "corpus"), str(RUN / "corpus"))
+    return score(tmp_path_factory.mktemp("corpus"), str(RUN_LONG / "corpus"), str(RUN_H100 / "corpus"),
+                 str(RUN / "corpus"))
 
 
 def test_every_recorded_job_is_judged_and_its_fix_measured(corpus):
@@ -79,13 +84,11 @@ def test_no_job_judged_right_at_the_first_scoring_is_lost(corpus):
 
 def test_attached_five_seconds_into_training_the_primary_is_the_same(corpus):
     """Issue 29: attaching at any moment of start-up gives the same primary as watching from the
-    start. corpus_score cuts each recording 5 s after its first training step and judges the rest.
-    The two that differ are 14 s jobs whose cut recording ends before 10 s of judged training
-    (no verdict yet, docs/benchmarks.md): every other job must keep its primary."""
+    start. corpus_score cuts each recording 5 s after its first training step and judges the rest:
+    every job keeps its primary (the two 14 s jobs whose cut recordings once ended before a verdict
+    were run again for 30 s)."""
     differ = {r["job"]: (r["as_is"]["primary"], r["late"]["primary"]) for r in corpus if not r.get("attach_same")}
-    assert set(differ) <= {"ckpt_every_2s", "tv_resnet_batch1_infer"}, differ
-    for job in differ:
-        assert next(r for r in corpus if r["job"] == job)["late"]["primary"] is None, differ
+    assert not differ, differ
 
 
 def test_a_healthy_job_is_never_given_a_cause_worth_more_than_ten_percent(corpus):
