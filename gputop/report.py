@@ -97,9 +97,26 @@ def _verdict_keys(samples: list[Sample], t_start: float, t_end: float, budget: d
     from gputop.verdicts.summary import summarize_verdicts
 
     out = summarize_verdicts(samples, t_start, t_end)
+    _session_gain(out, ((budget.get("budget") or {}).get("training") or {}).get("shares") or {})
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
             "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
             "no_verdict_why": out["no_verdict_why"], **budget}
+
+
+def _session_gain(out: dict, shares: dict) -> None:
+    """The session's gain of each cause the time budget measures, from the training budget's
+    share of it (verdicts/causal.py: session_loss), in the primary and in its evidence."""
+    from gputop.verdicts.causal import fix_gain, session_loss
+
+    for vid, v in out["verdicts"].items():
+        loss = session_loss(vid, shares)
+        ev = v.get("evidence") or {}
+        if loss is None or not isinstance(ev.get("fix_gain_pct"), (int, float)):
+            continue
+        ev["fix_gain_pct"] = round(fix_gain(loss) * 100.0, 1)
+        p = out["primary_verdict"]
+        if p is not None and p["id"] == vid:
+            p["gain_pct"], p["gain_from"] = ev["fix_gain_pct"], "budget"
 
 
 @dataclass

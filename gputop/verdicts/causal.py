@@ -104,6 +104,25 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
     return max(0.0, min(MAX_LOSS, loss))
 
 
+def session_loss(vid: str, shares: dict) -> float | None:
+    """A cause's lost share over the whole judged session, where the time budget measures it: the
+    training budget's share of its category (``CATEGORY_OF``), never more than the GPU's idle
+    share -- the figure the report's time budget prints beside the verdict ("file I/O 53%"), so
+    the report's gain and its budget say one number. The mean of the live windows' losses while
+    the verdict held counts each second of a periodic cost in every window that overlaps it and
+    leaves out the stretches before it held (trainer_save_steps: 57% while held, 53% of training,
+    49% by its fix). None for a cause the budget does not measure (the probe times input_bound's;
+    launch_bound, copies, syncs come from the GPU's own view)."""
+    cat = CATEGORY_OF.get(vid)
+    if cat is None or vid == "input_bound":
+        return None
+    share, busy = shares.get(cat), shares.get("gpu_busy")
+    if not isinstance(share, (int, float)):
+        return None
+    idle = 1.0 - busy if isinstance(busy, (int, float)) else 1.0
+    return max(0.0, min(MAX_LOSS, share, idle))
+
+
 def fix_gain(loss: float) -> float:
     """The speed-up (a fraction of steps/s: 0.25 is +25%) that removing a lost share gives."""
     s = max(0.0, min(MAX_LOSS, loss))

@@ -95,7 +95,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         primary = {"id": vid, "title": verdicts.get(vid, {}).get("title"),
                    "share": round(n / evaluations, 3),
                    # the gain of its mean lost share while it held (verdicts/causal.py: fix_gain)
-                   "gain_pct": gain if isinstance(gain, (int, float)) else None,
+                   "gain_pct": gain if isinstance(gain, (int, float)) else None, "gain_from": "held",
                    "first_seen_s": round(primary_first[vid] - t_start, 1),
                    "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
     # causes that held while the GPU stayed busy (verdicts/causal.py: BUSY_GATE): not verdicts
@@ -182,7 +182,9 @@ def render_verdicts_text(section: dict) -> list[str]:
     if p.get("summary"):
         lines.append(f"           evidence: {p['summary']}")
     if isinstance(p.get("gain_pct"), (int, float)):
-        lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from its mean lost share while it held)")
+        whence = ("its share of the training time budget" if p.get("gain_from") == "budget"
+                  else "its mean lost share while it held")
+        lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from {whence})")
     if p.get("advice"):
         lines.append(f"           try: {p['advice']}")
     others = [(vid, v) for vid, v in section["verdicts"].items() if vid != p["id"]]
