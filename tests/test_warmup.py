@@ -339,8 +339,54 @@ def test_a_sample_on_a_with_lock_line_is_a_wait_for_the_lock():
 
     frames, stack = [["MetricsClient.log", "/x/job.py", 31]], [0]
     for line in ("with self.lock:", "    with self._lock:", "with LOCK:", "with self.buffer_lock, other:",
-                 "with mutex as m:"):
+                 "with mutex as m:", "with self._rlock:", "with self.db_lock.read():"):
         assert fr.classify(frames, stack, line)[0] == fr.IDLE, line
     for line in ("with self.block:", "with clock:", "with torch.no_grad():", "with threading.Lock():",
                  "with self.lock_file(path):", "x = lock_count + 1"):
         assert fr.classify(frames, stack, line)[0] == fr.PYTHON, line
+
+
+def test_recompile_cost_is_the_recompiling_steps_excess_where_dynamos_clock_explains_it():
+    """derive/steps.py, StepPool.recompile_cost_share: 10 steps of 10 ms and one of 10 s in a
+    minute: the median step is one whose guard held, and the excess over it (99%) is the cost
+    where dynamo's clock explains at least half of it; a slow step dynamo did not see (a
+    checkpoint) is not a recompile's, and without steps or without dynamo's record nothing moves."""
+    from gputop.derive.steps import StepPool
+    from gputop.probe import wire
+
+    hist = {wire.hist_bucket(0.010): 10, wire.hist_bucket(10.0): 1}
+
+    def pool(recompile_s, compile_s=None, steps=11, step_s=10.1):
+        return StepPool(timed_steps=steps, step_s_sum=step_s, step_hist=hist if steps else {},
+                        compile_s=compile_s if compile_s is not None else recompile_s,
+                        recompile_s=recompile_s, compile_observed_s=step_s)
+
+    excess = 1.0 - pool(8.0).step_ms_percentile(50) / pool(8.0).step_ms_mean
+    assert excess > 0.98
+    assert pool(8.0).recompile_cost_share == max(8.0 / 10.1, excess)     # dynamo: 79%, the steps: 99%
+    assert pool(1.0).recompile_cost_share == 1.0 / 10.1                 # dynamo explains < half: its own
+    assert pool(0.0, compile_s=0.0).recompile_cost_share == 0.0
+    assert StepPool().recompile_cost_share is None                      # no dynamo record
+    assert pool(5.0, steps=0, step_s=0.0).recompile_cost_share is None   # (share over no watched time)
+
+
+def test_the_reports_session_gain_of_a_budget_cause_is_its_training_budget_share():
+    """verdicts/causal.py session_loss and report._session_gain: the primary's gain for a cause the
+    time budget measures is the training budget's share of its category (capped by the GPU's idle
+    share); a cause the probe times (input_bound) or the GPU's own view measures keeps its own."""
+    from gputop.report import _session_gain
+    from gputop.verdicts.causal import fix_gain, session_loss
+
+    shares = {"gpu_busy": 0.36, "io": 0.53, "cpu": 0.05, "data": 0.2}
+    assert session_loss("io_stall", shares) == 0.53
+    assert session_loss("input_bound", shares) is None and session_loss("launch_bound", shares) is None
+    assert session_loss("io_stall", {"gpu_busy": 0.6, "io": 0.53}) == 0.4     # never above the idle
+    assert session_loss("io_stall", {}) is None
+    out = {"verdicts": {"io_stall": {"evidence": {"fix_gain_pct": 135.0}},
+                        "launch_bound": {"evidence": {"fix_gain_pct": 50.0}}},
+           "primary_verdict": {"id": "io_stall", "gain_pct": 135.0, "gain_from": "held"}}
+    _session_gain(out, shares)
+    want = round(fix_gain(0.53) * 100.0, 1)
+    assert out["primary_verdict"]["gain_pct"] == out["verdicts"]["io_stall"]["evidence"]["fix_gain_pct"] == want
+    assert out["primary_verdict"]["gain_from"] == "budget"
+    assert out["verdicts"]["launch_bound"]["evidence"]["fix_gain_pct"] == 50.0

@@ -24,8 +24,9 @@ class Job:
     holdout: bool = False
     seconds: float | None = None   # training seconds of each variant, where the run's default is too short
     # other verdict ids accepted as naming the cause: a verdict made after the corpus was written
-    # whose advice is the job's own fix. Each was added after seeing the job judged, so the score
-    # counts these jobs apart (benchmarks/corpus_score.py, "accepted under another name")
+    # whose advice is the job's own fix. Each was added after seeing the job judged: the score
+    # counts such a job right and lists it apart (benchmarks/corpus_score.py, "right under
+    # another name")
     also: tuple[str, ...] = ()
 
 

@@ -100,7 +100,7 @@ LINE_RULES: tuple[LineRule, ...] = (
     # nanoseconds, so a sample on that line is the thread waiting for the lock's holder (the
     # corpus's accelerate_log_sleep: a metrics client's log() waits ~35 ms a step for its
     # flusher's upload, and the second's kernel split gave that wait to the step's CPU code)
-    LineRule(IDLE, re.compile(r"^\s*(async\s+)?with\s+[\w.]*\b_?(\w+_)?(lock|mutex)\b(?!\s*\()", re.I),
+    LineRule(IDLE, re.compile(r"^\s*(async\s+)?with\s+[\w.]*\b_?(\w+_)?(r?lock|mutex)\b(?!\s*\()", re.I),
              "waiting to acquire a lock (with ...lock:)"),
 )
 

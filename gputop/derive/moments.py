@@ -41,7 +41,6 @@ previous step while CUDA spins on the CPU, so only the probe's count tells it fr
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -170,24 +169,15 @@ def sync_sites(data: dict) -> frozenset:
                      and type(x[1]) is int and x[1] > 0) if isinstance(lines, list) else frozenset()
 
 
-@lru_cache(maxsize=4096)
-def _as_sync(naming: Naming) -> Naming:
-    """A "Python code" stack at a line where the probe counted device syncs: the thread is waiting
-    for the GPU there, not running code (a copy of a pageable batch, .item() under a name the line
-    rules do not know). CUDA's wait spins on the CPU, so the kernel's view calls it running; the
-    probe's sync count says what it is (the corpus's accelerate_log_sleep: Accelerate's
-    send_to_device waited for the previous step to finish, charged as CPU code, and the lock wait
-    after it, which the GPU idled through, was not told apart)."""
-    return dataclasses.replace(naming, cat=SYNC)
-
-
 class _Cached:
-    """A settled py-spy window's moments, and their Budget once one is asked for."""
-    __slots__ = ("sample", "moments", "_budget")
+    """A settled py-spy window's moments, and their Budget once one is asked for; ``sites``: the
+    probe's sync lines they were built with (a window is built again when those grow)."""
+    __slots__ = ("sample", "moments", "sites", "_budget")
 
-    def __init__(self, sample, moments: list[Moment]):
+    def __init__(self, sample, moments: list[Moment], sites: frozenset = frozenset()):
         self.sample = sample
         self.moments = moments
+        self.sites = sites
         self._budget: Budget | None = None
 
     def budget(self) -> Budget:
@@ -231,7 +221,13 @@ class MomentBuilder:
         cache = self._cache
         # the GPU's step function is needed for the windows not cached yet only (from 2 s before
         # the earliest of them begins: a window's moments look up the readings at and after them)
-        hits = [hit if (hit := cache.get(id(s))) is not None and hit.sample is s else None for s in stacks]
+        # the probe's sync lines (sent when they change, every ~2 s at most): a window built before a
+        # line was known is built again with it, so its waits after that sync are drained (the
+        # session budget keeps what such a window gave when it was judged: one window's worth)
+        sync = store.latest(KIND_PROBE_SYNC, pid)
+        sites = sync_sites(sync.data) if sync is not None else frozenset()
+        hits = [hit if (hit := cache.get(id(s))) is not None and hit.sample is s and hit.sites == sites else None
+                for s in stacks]
         fresh = [s for s, hit in zip(stacks, hits) if hit is None]
         lines_since = None
         for s in fresh:
@@ -247,8 +243,6 @@ class MomentBuilder:
         busy = GpuBusy(store, since - 2.0, gpus, lines_since)
         self.with_gpu = self.with_gpu or busy.has_lines   # once a session has GPU counters, it has them
         kernel = store.window(KIND_THREAD_KERNEL, since - 2.0).get(pid, [])
-        sync = store.latest(KIND_PROBE_SYNC, pid) if fresh else None
-        sites = sync_sites(sync.data) if sync is not None else frozenset()
         probe = store.window(KIND_PROBE_STEP, since - 2.0).get(pid, []) if fresh else []
         out: list[Moment] = []
         for s, hit in zip(stacks, hits):   # (as found above: caching below may evict an older hit)
@@ -266,7 +260,7 @@ class MomentBuilder:
                                                     any(k.t >= s.t for k in kernel) and
                                                     (not probe or probe[-1].t >= s.t))
                 if settled:
-                    self._cache[id(s)] = _Cached(s, ms)
+                    self._cache[id(s)] = _Cached(s, ms, sites)
                     while len(self._cache) > self.max_windows:
                         self._cache.popitem(last=False)
                 if not ms or ms[0].t < since:
@@ -363,7 +357,9 @@ _DRAINED_WAITS = (BLOCKED, IO)   # off-CPU waits that launch nothing (a DataLoad
 
 def _drain_after_sync(ms: list[Moment], sites: frozenset = frozenset()) -> None:
     """Make the waits that follow a device sync idle, keeping the window's idle time (the
-    module's docstring). ``ms``: one py-spy window's moments in the order they were sampled."""
+    module's docstring). ``ms``: one py-spy window's moments in the order they were sampled;
+    ``sites``: the lines where the probe counted syncs (``sync_sites``), whose "Python code"
+    moments are syncs here (they keep their category in the budget)."""
     drained, after_sync = [], False
     def is_sync(m: Moment) -> bool:
         return m.naming.cat == SYNC or (m.naming.cat == "python" and m.naming.site in sites)

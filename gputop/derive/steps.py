@@ -167,7 +167,10 @@ class StepPool:
         processes, autotuning the new kernels, each new graph's first run): on the H100's
         compile_varlen dynamo's clock said 82% of a minute, the steps 99.4% (median 11.1 ms, mean
         1737 ms), and padding to one length measured 124x. When most steps recompile, the median
-        is a recompiling step and dynamo's clock stands."""
+        is a recompiling step and dynamo's clock stands. (Dynamo's share is of the watched time, the
+        excess of the summed step time: in training, steps fill the watched time. The pool is the
+        rule's 60 s horizon, warm-up included when it is that recent: its first compiles are not
+        recompiles, so dynamo's clock does not explain their slow steps and they do not count.)"""
         share = self.recompile_share
         mean, p50 = self.step_ms_mean, self.step_ms_percentile(50)
         if share is None or mean is None or p50 is None or mean <= 0:

@@ -13,7 +13,10 @@ finding, the engine (verdicts/engine.py) asks here:
   more no cause is a verdict: what the rule saw becomes a note ("... the GPU stays busy 93%: not
   on the critical path").
 - ``fix_gain``: removing a lost share ``s`` of the step's wall time makes steps ``1/(1-s)`` as
-  fast, and no fix makes a step shorter than the GPU's own work in it: ``s <= 1 - busy``.
+  fast, and no fix makes a step shorter than the GPU's own work in it: ``s <= 1 - busy`` (but for
+  recompilation, whose cost is timed in steps and whose GPU time -- autotuning -- goes with it).
+- ``session_loss``: over the whole session, a budget cause's loss is the training budget's share
+  of its category, the figure the report prints beside it.
 
 One home for these numbers: the verdict's ``gain`` and evidence (``fix_gain_pct``), the UI, the
 report, ``--json`` and the exporter all read ``fix_gain``'s figure, worded by ``gain_text``.
@@ -73,10 +76,15 @@ def gpu_busy(sig: Signals) -> float | None:
     return b
 
 
+# causes whose cost the probe times on the GPU itself (its signal), over the budget's estimate
+PROBE_TIMED = {"input_bound": "probe.data_idle_share"}
+
+
 def timed_loss(vid: str, sig: Signals) -> float | None:
     """The cost the probe timed on the GPU itself for this cause, where it has one: for
     input_bound, the share of step time the GPU idled while the loop waited for its batch."""
-    return sig.get("probe.data_idle_share") if vid == "input_bound" else None
+    name = PROBE_TIMED.get(vid)
+    return sig.get(name) if name else None
 
 
 def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
@@ -114,7 +122,7 @@ def session_loss(vid: str, shares: dict) -> float | None:
     49% by its fix). None for a cause the budget does not measure (the probe times input_bound's;
     launch_bound, copies, syncs come from the GPU's own view)."""
     cat = CATEGORY_OF.get(vid)
-    if cat is None or vid == "input_bound":
+    if cat is None or vid in PROBE_TIMED:
         return None
     share, busy = shares.get(cat), shares.get("gpu_busy")
     if not isinstance(share, (int, float)):

@@ -77,7 +77,9 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         if isinstance(ev.get("fix_gain_pct"), (int, float)) and lost[vid]:
             # the session's gain is that of the mean lost share (a share of the wall time:
             # removing it shortens the session by that share), not the mean of each second's
-            # gain, which seconds near the 95% cap inflate without bound (a 12 s job read +513%)
+            # gain, which seconds near the cap (causal.MAX_LOSS) inflate without bound (a 12 s job
+            # read +513%); the report then takes a budget cause's from the training budget
+            # (report._session_gain)
             ev["fix_gain_pct"] = round(fix_gain(sum(lost[vid]) / len(lost[vid])) * 100.0, 1)
         verdicts[vid] = {
             "title": d.get("title"), "severity": d.get("severity"),
@@ -95,7 +97,8 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
         primary = {"id": vid, "title": verdicts.get(vid, {}).get("title"),
                    "share": round(n / evaluations, 3),
                    # the gain of its mean lost share while it held (verdicts/causal.py: fix_gain)
-                   "gain_pct": gain if isinstance(gain, (int, float)) else None, "gain_from": "held",
+                   "gain_pct": gain if isinstance(gain, (int, float)) else None,
+                   "gain_from": "held" if isinstance(gain, (int, float)) else None,
                    "first_seen_s": round(primary_first[vid] - t_start, 1),
                    "summary": verdicts.get(vid, {}).get("summary"), "advice": verdicts.get(vid, {}).get("advice")}
     # causes that held while the GPU stayed busy (verdicts/causal.py: BUSY_GATE): not verdicts
