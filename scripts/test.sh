@@ -28,6 +28,6 @@ ruff check gputop tests benchmarks scripts
 base=$(mktemp -d /tmp/gt.XXXXXX)
 trap 'rm -rf "$base"' EXIT
 rc=0
-python -m pytest -n "${GPUTOP_TEST_WORKERS:-2}" --basetemp "$base/t" -m "not serial" "$@" || rc=$?
+python -m pytest -n "${GPUTOP_TEST_WORKERS:-2}" --basetemp "$base/t" -m "not serial" --durations=25 "$@" || rc=$?
 python -m pytest --basetemp "$base/s" -m serial "$@" || { r=$?; [ "$r" = 5 ] || rc=$r; }  # 5: none selected
 exit "$rc"
