@@ -27,6 +27,7 @@ RUN_H100 = ROOT / "benchmarks" / "results" / "h100-corpus-1206" / "h200"   # (h2
 # three jobs run again for longer on an H100 (third session of 2026-12-06): their 14 s pairs were
 # too short to judge after a late attach, or held 2 steps of a GIL-starved loop
 RUN_LONG = ROOT / "benchmarks" / "results" / "h100-corpus-1206b" / "h200"
+RUN_H200_30 = ROOT / "benchmarks" / "results" / "h200-issue30-1206b" / "h200"   # compile_varlen on an H200
 
 # the right primary as it is (a healthy job: no cause predicting > 10%) ...
 RIGHT = {"accelerate_gpu_bound", "eval_every_5s", "lightning_resnet_pin", "memory_bound_elementwise",
@@ -198,10 +199,11 @@ def test_fixes_worth_tens_of_times_the_steps_are_predicted_within_thirty_percent
     rows = {r["job"]: r for r in corpus}
     r = rows["recsys_cpu_embedding"]
     assert r["measured_gain"] > 20 and abs(r["as_is"]["gain"] - r["measured_gain"]) <= 0.3 * r["measured_gain"], r
-    rows30 = {r["job"]: r for r in score(tmp_path, "--set", "issue30", str(RUN_H100 / "corpus-issue30"))}
-    r = rows30["compile_varlen"]
-    assert r["as_is"]["primary"] == "recompilation" and r["measured_gain"] > 100, r
-    assert abs(r["as_is"]["gain"] - r["measured_gain"]) <= 0.3 * r["measured_gain"], r
+    # compile_varlen on the H100 (0.60 -> 74.8 steps/s) and on the H200 (0.75 -> 75.1, third session)
+    for run in (RUN_H100, RUN_H200_30):
+        r = {r["job"]: r for r in score(tmp_path, "--set", "issue30", str(run / "corpus-issue30"))}["compile_varlen"]
+        assert r["as_is"]["primary"] == "recompilation" and r["fixed"]["primary"] == "gpu_bound", r
+        assert r["measured_gain"] > 90 and abs(r["as_is"]["gain"] - r["measured_gain"]) <= 0.3 * r["measured_gain"], r
 
 
 def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):
