@@ -215,6 +215,31 @@ def test_a_primary_that_ends_is_replaced_at_once():
     assert got[-1] == "host_bound" and got.index("host_bound") <= 7
 
 
+def test_the_gpu_idle_fallback_gives_way_at_once_when_a_cause_explains_the_idle():
+    """gpu_idle is "nothing explains the idle"; once a cause holds (a recompile on the H200's
+    compile_varlen, 4 s after gpu_idle came on), it leaves in the same evaluation instead of after
+    LEAVE_S, so the cause is the primary as soon as it is on (there: 8.9 s after the warm-up, was
+    11.9 s). With no cause it still leaves only after LEAVE_S (its own signal's hysteresis)."""
+    from gputop.verdicts.engine import ENTER_S, LEAVE_S
+
+    idle = Cause("gpu_idle", 1.0)
+    cause = Cause("recompilation", 0.9)
+    cause.level = 0.0
+    engine = VerdictEngine(rules=[cause, idle])
+    store = SampleStore()
+    assert _primaries(engine, store, 10)[-1] == "gpu_idle"
+    cause.level = 1.5
+    got = _primaries(engine, store, 6, t0=10)
+    assert got.index("recompilation") <= ENTER_S + 1, got
+    assert not engine.states["gpu_idle"].active
+    cause.level, idle.level = 0.0, 0.0     # nothing holds: the fallback's own hysteresis again
+    engine2 = VerdictEngine(rules=[Cause("gpu_idle", 1.0)])
+    _primaries(engine2, store, 10)
+    engine2.rules[0].level = 0.0
+    got = _primaries(engine2, store, int(LEAVE_S) + 2, t0=10)
+    assert got[int(LEAVE_S) - 2] == "gpu_idle" and got[-1] is None, got
+
+
 def test_the_probe_join_keeps_each_windows_idle_time():
     """derive/moments._calibrate moves the GPU's idle time between the moments in next(DataLoader)
     and the others within a probe window, without changing its total where the counters gave it at

@@ -63,6 +63,7 @@ class VerdictEngine:
         self.evaluations = 0
         self.notes: list[dict] = []         # {"id", "text"}: causes seen this evaluation that cost no GPU time
         self.primary_id: str | None = None  # the live primary (kept until a challenger has led PRIMARY_SWITCH_S)
+        self.explained: set[str] = set()     # fallback verdicts a cause explains in the latest evaluation
         self.challenger: tuple[str, float] | None = None   # (id, leading since)
         self.stretch: float | None = None   # the judged stretch's start: a new one may change the primary at once
         self.stretch_seen = float("-inf")   # when this engine first judged that stretch
@@ -72,6 +73,7 @@ class VerdictEngine:
         self.evaluations = 0
         self.notes = []
         self.primary_id, self.challenger, self.stretch = None, None, None
+        self.explained = set()
 
     def evaluate(self, store, now: float, window_s: float | None = None) -> dict[str, Finding]:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
@@ -143,6 +145,9 @@ class VerdictEngine:
                 f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):
             # gpu_idle is the fallback "nothing explains it"; here something does
             found["gpu_idle"] = replace(idle, level=0.0)
+            self.explained.add("gpu_idle")
+        else:
+            self.explained.discard("gpu_idle")
         return found
 
     def _causal(self, found: dict[str, Finding], sig) -> None:
@@ -214,7 +219,9 @@ class VerdictEngine:
                 if level < LEAVE_LEVEL:
                     if st.failing_since is None:
                         st.failing_since = now
-                    if now - st.failing_since >= LEAVE_S - 1e-9:
+                    # (a fallback that a cause now explains leaves at once: its hysteresis is for its
+                    # own signal's flapping, and it would hold the cause off the primary meanwhile)
+                    if vid in self.explained or now - st.failing_since >= LEAVE_S - 1e-9:
                         st.active, st.holding_since, st.failing_since = False, None, None
                 else:
                     st.failing_since = None
