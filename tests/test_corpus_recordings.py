@@ -206,6 +206,21 @@ def test_fixes_worth_tens_of_times_the_steps_are_predicted_within_thirty_percent
         assert r["measured_gain"] > 90 and abs(r["as_is"]["gain"] - r["measured_gain"]) <= 0.3 * r["measured_gain"], r
 
 
+def test_allocator_thrash_is_named_where_retries_cost_steps_and_not_once_they_are_gone():
+    """benchmarks/results/h200-alloc-1206b: a 96-layer job at 0.3% headroom on an H200 made 16
+    allocator retries and 9 OOMs in 40 steps of 20 s, against 50 steps with expandable_segments:
+    allocator_thrash is its primary, with the retries in its evidence; the fixed job has none."""
+    from gputop.report import build_report
+
+    alloc = ROOT / "benchmarks" / "results" / "h200-alloc-1206b" / "corpus-issue30"
+    rep = build_report(str(alloc / "alloc_thrash_varlen-as_is.gtrec"))
+    assert rep["primary_verdict"]["id"] == "allocator_thrash", rep["primary_verdict"]
+    assert rep["verdicts"]["allocator_thrash"]["evidence"]["alloc_retries_per_s"] > 0, rep["verdicts"]
+    assert 10 < rep["primary_verdict"]["gain_pct"] < 60, rep["primary_verdict"]   # 40 vs 50 steps: +25%
+    fixed = build_report(str(alloc / "alloc_thrash_varlen-fixed.gtrec"))
+    assert "allocator_thrash" not in fixed["verdicts"], fixed["verdicts"].keys()
+
+
 def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):
     src = RUN / "corpus"
     for stem in ("tv_resnet_workers0-as_is", "tv_resnet_workers0-fixed"):
