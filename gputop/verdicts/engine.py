@@ -63,7 +63,7 @@ class VerdictEngine:
         self.evaluations = 0
         self.notes: list[dict] = []         # {"id", "text"}: causes seen this evaluation that cost no GPU time
         self.primary_id: str | None = None  # the live primary (kept until a challenger has led PRIMARY_SWITCH_S)
-        self.explained: set[str] = set()     # fallback verdicts a cause explains in the latest evaluation
+        self.explained: dict[str, set] = {}  # fallback verdict -> the causes that explain it now
         self.challenger: tuple[str, float] | None = None   # (id, leading since)
         self.stretch: float | None = None   # the judged stretch's start: a new one may change the primary at once
         self.stretch_seen = float("-inf")   # when this engine first judged that stretch
@@ -73,7 +73,7 @@ class VerdictEngine:
         self.evaluations = 0
         self.notes = []
         self.primary_id, self.challenger, self.stretch = None, None, None
-        self.explained = set()
+        self.explained = {}
 
     def evaluate(self, store, now: float, window_s: float | None = None) -> dict[str, Finding]:
         """Every rule's finding now. A distributed job is judged rank by rank (each rank's GPU,
@@ -141,13 +141,13 @@ class VerdictEngine:
                     # the host's time (or its wait) is mostly the recompiles: one cause, named once
                     found[vid] = replace(f, level=0.0)
         idle = found.get("gpu_idle")
-        if idle is not None and idle.level >= 1.0 and any(
-                f.level >= 1.0 and f.lost_share > 0 for vid, f in found.items() if vid not in NOT_A_CAUSE):
+        causes = {vid for vid, f in found.items() if vid not in NOT_A_CAUSE and f.level >= 1.0 and f.lost_share > 0}
+        if idle is not None and idle.level >= 1.0 and causes:
             # gpu_idle is the fallback "nothing explains it"; here something does
             found["gpu_idle"] = replace(idle, level=0.0)
-            self.explained.add("gpu_idle")
+            self.explained["gpu_idle"] = causes
         else:
-            self.explained.discard("gpu_idle")
+            self.explained.pop("gpu_idle", None)
         return found
 
     def _causal(self, found: dict[str, Finding], sig) -> None:
@@ -219,9 +219,11 @@ class VerdictEngine:
                 if level < LEAVE_LEVEL:
                     if st.failing_since is None:
                         st.failing_since = now
-                    # (a fallback that a cause now explains leaves at once: its hysteresis is for its
-                    # own signal's flapping, and it would hold the cause off the primary meanwhile)
-                    if vid in self.explained or now - st.failing_since >= LEAVE_S - 1e-9:
+                    # (a fallback that an active cause now explains leaves at once: its hysteresis is
+                    # for its own signal's flapping, and it would hold the cause off the primary
+                    # meanwhile; the causes' states are updated before it, in ORDER)
+                    explained = any(c in self.states and self.states[c].active for c in self.explained.get(vid, ()))
+                    if explained or now - st.failing_since >= LEAVE_S - 1e-9:
                         st.active, st.holding_since, st.failing_since = False, None, None
                 else:
                     st.failing_since = None
