@@ -216,9 +216,9 @@ def test_a_primary_that_ends_is_replaced_at_once():
 
 
 def test_the_gpu_idle_fallback_gives_way_at_once_when_a_cause_explains_the_idle():
-    """gpu_idle is "nothing explains the idle"; once a cause holds (a recompile on the H200's
-    compile_varlen, 4 s after gpu_idle came on), it leaves in the same evaluation instead of after
-    LEAVE_S, so the cause is the primary as soon as it is on (there: 8.9 s after the warm-up, was
+    """gpu_idle is "nothing explains the idle"; once a cause that explains it is on (a recompile on
+    the H200's compile_varlen, 4 s after gpu_idle came on), it leaves in the same evaluation instead
+    of after LEAVE_S, so the cause is the primary as soon as it is on, with no "none" between (there: 8.9 s after the warm-up, was
     11.9 s). With no cause it still leaves only after LEAVE_S (its own signal's hysteresis)."""
     from gputop.verdicts.engine import ENTER_S, LEAVE_S
 
@@ -231,6 +231,7 @@ def test_the_gpu_idle_fallback_gives_way_at_once_when_a_cause_explains_the_idle(
     cause.level = 1.5
     got = _primaries(engine, store, 6, t0=10)
     assert got.index("recompilation") <= ENTER_S + 1, got
+    assert None not in got, got            # straight from the fallback to the cause
     assert not engine.states["gpu_idle"].active
     cause.level, idle.level = 0.0, 0.0     # nothing holds: the fallback's own hysteresis again
     engine2 = VerdictEngine(rules=[Cause("gpu_idle", 1.0)])
