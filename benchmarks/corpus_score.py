@@ -88,7 +88,8 @@ def judge(path: pathlib.Path) -> dict:
     gain = p.get("gain_pct")
     return {"primary": p.get("id"), "gain": None if gain is None else gain / 100.0, "share": p.get("share"),
             "first_step_t": _first_step(rep), "why_none": rep.get("no_verdict_why"),
-            "notes": [n["id"] for n in rep.get("notes") or ()]}
+            "notes": [n["id"] for n in rep.get("notes") or ()],
+            "primary_changes": rep.get("primary_changes"), "judged_s": rep.get("judged_s")}
 
 
 def wrong_cause(j: dict) -> bool:

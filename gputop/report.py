@@ -99,7 +99,8 @@ def _verdict_keys(samples: list[Sample], t_start: float, t_end: float, budget: d
     out = summarize_verdicts(samples, t_start, t_end)
     _session_gain(out, ((budget.get("budget") or {}).get("training") or {}).get("shares") or {})
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
-            "verdict_timeline": out["timeline"], "first_verdict_s": out["first_verdict_s"],
+            "verdict_timeline": out["timeline"], "primary_changes": out["primary_changes"],
+            "judged_s": out["judged_s"], "first_verdict_s": out["first_verdict_s"],
             "no_verdict_why": out["no_verdict_why"], **budget}
 
 

@@ -92,6 +92,20 @@ def test_attached_five_seconds_into_training_the_primary_is_the_same(corpus):
     assert not differ, differ
 
 
+def test_in_steady_training_the_live_primary_changes_at_most_once_a_minute(corpus):
+    """Issue 29: the live primary changes only when a new verdict has held a stable stretch. The
+    report counts the live primary going from one verdict to another in judged time
+    (``primary_changes``; none between is no change): on every corpus recording, as it is and
+    fixed, at most once per started minute (0 on all 60 at the third session of 2026-12-06)."""
+    for r in corpus:
+        for v in ("as_is", "fixed"):
+            j = r.get(v)
+            if j is None:
+                continue
+            assert j["primary_changes"] is not None and j["judged_s"] is not None, (r["job"], v, j)
+            assert j["primary_changes"] <= 1 + int(j["judged_s"] // 60), (r["job"], v, j)
+
+
 def test_a_healthy_job_is_never_given_a_cause_worth_more_than_ten_percent(corpus):
     healthy = [r for r in corpus if r["cause"] is None]
     assert len(healthy) == 12

@@ -218,8 +218,9 @@ def test_a_primary_that_ends_is_replaced_at_once():
 def test_the_gpu_idle_fallback_gives_way_at_once_when_a_cause_explains_the_idle():
     """gpu_idle is "nothing explains the idle"; once a cause that explains it is on (a recompile on
     the H200's compile_varlen, 4 s after gpu_idle came on), it leaves in the same evaluation instead
-    of after LEAVE_S, so the cause is the primary as soon as it is on, with no "none" between (there: 8.9 s after the warm-up, was
-    11.9 s). With no cause it still leaves only after LEAVE_S (its own signal's hysteresis)."""
+    of after LEAVE_S, so the cause is the primary as soon as it is on, with no "none" between
+    (there: 8.9 s after the warm-up, was 11.9 s). With no cause it still leaves only after LEAVE_S
+    (its own signal's hysteresis)."""
     from gputop.verdicts.engine import ENTER_S, LEAVE_S
 
     idle = Cause("gpu_idle", 1.0)
@@ -421,3 +422,19 @@ def test_the_reports_session_gain_of_a_budget_cause_is_its_training_budget_share
     assert out["primary_verdict"]["gain_pct"] == out["verdicts"]["io_stall"]["evidence"]["fix_gain_pct"] == want
     assert out["primary_verdict"]["gain_from"] == "budget"
     assert out["verdicts"]["launch_bound"]["evidence"]["fix_gain_pct"] == 50.0
+
+
+def test_the_report_counts_the_live_primary_changing_in_judged_time_only():
+    """verdicts/summary.py: ``primary_changes`` counts the live primary going from one verdict to
+    another while the job was judged (training): X, none, X is no change; X, none, Y is one; a
+    change during an evaluation or the start-up is not counted."""
+    from gputop.model import Sample
+    from gputop.verdicts.summary import summarize_verdicts
+
+    def prim(t, vid, phase="training"):
+        return Sample(float(t), "verdict_primary", "main", {"id": vid, "phase": phase})
+
+    ids = ["a", "a", None, "a", "b", None, "c", "c"]
+    samples = [prim(t, v) for t, v in enumerate(ids)] + [prim(8, "d", "evaluation"), prim(9, "c")]
+    out = summarize_verdicts(samples, 0.0, 10.0)
+    assert out["primary_changes"] == 2 and out["judged_s"] == 9.0, out     # a -> b, b -> c

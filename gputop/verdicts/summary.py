@@ -35,6 +35,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     why_none = None
     notes_n: Counter = Counter()
     notes_last: dict[str, str] = {}
+    changes, shown = 0, None   # the live primary changing from one verdict to another in judged time
     for s in samples:
         if s.kind == KIND_VERDICT and s.get("active"):
             active_n[s.key] += 1
@@ -58,7 +59,10 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
             pid = s.get("id")
             if not pid and isinstance(s.get("why"), str):
                 why_none = s.get("why")
+            if pid and shown is not None and pid != shown:
+                changes += 1   # (X, none, X is no change: the same verdict came back)
             if pid:
+                shown = pid
                 primary_n[pid] += 1
                 primary_first.setdefault(pid, s.t)
                 if first_verdict_t is None:
@@ -105,6 +109,7 @@ def summarize_verdicts(samples: list[Sample], t_start: float, t_end: float, inte
     notes = [{"id": k, "noted_share": round(min(1.0, n / evaluations), 3) if evaluations else 0.0,
               "text": notes_last[k]} for k, n in notes_n.most_common(4)]
     return {"verdicts": verdicts, "primary_verdict": primary, "timeline": timeline, "notes": notes,
+            "primary_changes": changes, "judged_s": round(evaluations * interval_s, 1),
             "first_verdict_s": round(first_verdict_t - t_start, 1) if first_verdict_t is not None else None,
             "no_verdict_why": why_none if primary is None else None}
 
