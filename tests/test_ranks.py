@@ -496,3 +496,38 @@ def test_an_environment_read_mid_exec_is_read_again():
             proc.wait()
     assert outcomes["named"] > 0
     assert all(finder_named), finder_named   # every one named, whether its first read was early or not
+
+
+def test_a_rank_that_exits_and_waits_to_be_reaped_ends_as_exited():
+    """A rank that has exited but whose launcher has not reaped it yet (a zombie: longer on a loaded
+    box) is still in the tree, with an empty command line and no environment to read. It is the
+    same rank about to leave, not "no longer a rank": once it is gone, it ended because it exited.
+    Real processes, real /proc (test_shell_launcher_late_rank_probe_rank_and_workers failed so
+    beside two CPU hogs)."""
+    from gputop.sources.ranks import RankFinder
+
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="t")
+    argv = [sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(0.1)"]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
+    try:
+        finder = RankFinder(os.getpid(), node="n")
+        said = []
+        for tick in range(40):    # named a rank (its environment may need a tick or two after exec)
+            said += finder.update(float(tick), {proc.pid: (os.getpid(), "python", argv)})
+            if said:
+                break
+            time.sleep(0.05)
+        assert said and said[-1].data["state"] == "running" and said[-1].data["rank"] == 1, [s.data for s in said]
+        proc.stdin.close()          # it exits; not reaped: a zombie
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and open(f"/proc/{proc.pid}/stat").read().split()[2] != "Z":
+            time.sleep(0.05)
+        assert open(f"/proc/{proc.pid}/cmdline", "rb").read() == b""
+        zombie = finder.update(50.0, {proc.pid: (os.getpid(), "python", [])})   # as the host source reads it
+        assert all(s.data["state"] == "running" for s in zombie), [s.data for s in zombie]
+        proc.wait()
+        gone = finder.update(51.0, {})
+        assert [(s.data["state"], s.data["why"]) for s in gone] == [("exited", "exited")], [s.data for s in gone]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -243,7 +243,10 @@ class RankFinder:
     def _look(self, pid: int, name: str | None, cmdline: list[str] | None, t: float) -> _Seen:
         seen = self._seen.get(pid)
         args = tuple(cmdline) if cmdline is not None else None
-        if seen is not None and seen.name == name and seen.cmdline == args:
+        if seen is not None and (seen.name == name and seen.cmdline == args or args == ()):
+            # (an exiting process or a zombie reads an empty command line and no environment: the
+            # same process, about to leave the tree; read again, it was "no longer a rank" and
+            # ended with that why, not "exited", when its launcher reaped it late -- under load)
             return seen
         facts, denied = None, False
         try:
@@ -254,7 +257,9 @@ class RankFinder:
         except EnvironNotReady:
             args = None   # read again at the next tick
         except OSError:
-            pass  # gone: it leaves the tree at the next tick
+            if seen is not None:
+                return seen   # gone, or a zombie: what it was, until it leaves the tree
+            # (else: it leaves the tree at the next tick)
         first_t = seen.first_t if seen is not None else t
         seen = self._seen[pid] = _Seen(name, facts, is_python_process(pid, name, cmdline), first_t, denied, args)
         return seen
