@@ -250,7 +250,7 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
         assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("env", [{"ALLOC_SIZE": "1,2"}, {"ALLOC_HEADROOM": "lots"}])
+@pytest.mark.parametrize("env", [{"ALLOC_SIZE": "1,2"}, {"ALLOC_HEADROOM": "lots"}, {"ALLOC_ON_OOM": "retry"}])
 def test_the_allocator_jobs_exploring_knobs_refuse_bad_values_in_one_line(env):
     import os
 

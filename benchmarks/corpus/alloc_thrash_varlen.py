@@ -39,6 +39,14 @@ try:
 except ValueError:
     print(f"alloc_thrash_varlen: ALLOC_HEADROOM={margin!r} is not a number or 'none'", file=sys.stderr)
     sys.exit(2)
+# ALLOC_ON_OOM=skip: an OOM drops its batch and the headroom stays as it was (the default, grow,
+# gives the job 1 GiB more at each OOM, so a run's pressure eases as it goes: on the H200 the thrash
+# of the first seconds cost +44% in a bare 10 s run and +6% in the steady part of a 20 s one)
+on_oom = os.environ.get("ALLOC_ON_OOM", "grow")
+if on_oom not in ("grow", "skip"):
+    print(f"alloc_thrash_varlen: ALLOC_ON_OOM={on_oom!r} is not 'grow' or 'skip'", file=sys.stderr)
+    sys.exit(2)
+skip_on_oom = on_oom == "skip"
 block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
                                          batch_first=True, norm_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
@@ -74,10 +82,6 @@ if gpu:
     spare = -1 if margin is None else free - (peak - torch.cuda.memory_reserved()) - int(margin * peak)
     if spare > 0:
         filler = torch.empty(spare, dtype=torch.uint8, device=device)   # THE CAUSE: no headroom
-# ALLOC_ON_OOM=skip: an OOM drops its batch and the headroom stays as it was (the default gives the
-# job 1 GiB more at each OOM, so a run's pressure eases as it goes: on the H200 the thrash of the
-# first seconds cost +44% in a bare 10 s run and +6% in the steady part of a 20 s one)
-skip_on_oom = os.environ.get("ALLOC_ON_OOM", "grow") == "skip"
 rng = random.Random(0)
 meter = Meter(args.seconds, args.report_every)
 ooms = 0
