@@ -2,7 +2,7 @@
 ``gputop run --headless`` with a recording, and measure each variant's steps/s from the job's own
 ``rate`` lines (never from gputop). On the H200: ``bash benchmarks/h200.sh corpus``.
 
-    python benchmarks/corpus_run.py OUTDIR [--jobs a,b] [--seconds 14] [--variants as_is,fixed]
+    python benchmarks/corpus_run.py OUTDIR [--jobs a,b] [--seconds 14] [--variants as_is,fixed[,second]]
 
 Writes OUTDIR/<job>-<variant>.gtrec (the recording), .json (gputop's report), .log (the job's
 output and gputop's messages) and one line per variant in OUTDIR/results.jsonl. Scoring is
@@ -68,6 +68,8 @@ def run_variant(job, variant: str, out: pathlib.Path, seconds: float, timeout: f
     job_cmd = [sys.executable, str(HERE / "corpus" / f"{job.name}.py"), "--seconds", str(seconds)]
     if variant == "fixed":
         job_cmd.append("--fixed")
+    elif variant == "second":
+        job_cmd.extend(job.second_flags)
     # the job ends by itself; --duration is only a ceiling, and --stop-with-gputop ends a job that hangs
     cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--stop-with-gputop", "--duration", str(seconds + 45),
            "--record", str(rec), "--json", "--", *job_cmd]
@@ -96,7 +98,8 @@ def main() -> int:
     ap.add_argument("--jobs", default="", help="comma-separated job names (default: every job)")
     ap.add_argument("--seconds", type=float, default=14.0,
                     help="seconds each variant trains (a job's own `seconds` in the manifest wins)")
-    ap.add_argument("--variants", default="as_is,fixed")
+    ap.add_argument("--variants", default="as_is,fixed",
+                    help="comma-separated: as_is, fixed, second (a job's second fix, where the manifest has one)")
     ap.add_argument("--set", default="corpus", choices=sorted(SETS),
                     help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
     ap.add_argument("--order", choices=("manifest", "holdout-first"), default="manifest",
@@ -114,7 +117,8 @@ def main() -> int:
     jobs = [j for j in SETS[a.set] if not names or j.name in names]
     if a.order == "holdout-first":
         jobs.sort(key=lambda j: not j.holdout)   # stable: manifest order within each group
-    runs = [(j, v) for j in jobs for v in a.variants.split(",")]
+    # ("second": a job's second fix, only where the manifest has one)
+    runs = [(j, v) for j in jobs for v in a.variants.split(",") if v != "second" or j.second_flags]
     if a.start:
         keys = [f"{j.name}:{v}" for j, v in runs]
         if a.start not in keys:

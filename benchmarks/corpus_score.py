@@ -142,6 +142,31 @@ def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
     return row
 
 
+def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> list[str]:
+    """The second fixes (the manifest's ``second_flags``), apart from the score: the gain each
+    measured over the job as it is and over the label's fix, beside gputop's predictions on those
+    two recordings, and what gputop names on the job with the second fix."""
+    out = []
+    for job in jobs:
+        row = rows.get(job.name)
+        rate = {v: (results.get((job.name, v)) or {}).get("steps_per_s") for v in ("as_is", "fixed", "second")}
+        if not job.second_flags or row is None or not rate["second"]:
+            continue
+        rec = next((d / f"{job.name}-second.gtrec" for d in dirs if (d / f"{job.name}-second.gtrec").exists()), None)
+        second = judge(rec) if rec is not None else {}
+
+        def gain(a, b):
+            return f"{(rate[b] / rate[a] - 1.0) * 100:+.0f}%" if rate[a] and rate[b] else "-"
+
+        def pred(j):
+            j = j or {}
+            return f"{j['primary']} {j['gain'] * 100:+.0f}%" if j.get("gain") is not None else str(j.get("primary"))
+        out.append(f"  {job.name}: second fix ({job.second_fix}) {gain('as_is', 'second')} over as it is "
+                   f"(gputop: {pred(row['as_is'])}), {gain('fixed', 'second')} over the label's fix "
+                   f"(gputop on it: {pred(row.get('fixed'))}); with it gputop names {pred(second)}")
+    return ["second fixes (not in the score: its fix is the label's):", *out] if out else []
+
+
 def _pct(n: int, d: int) -> str:
     return f"{n}/{d} ({100.0 * n / d:.0f}%)" if d else "0/0"
 
@@ -194,7 +219,7 @@ def main() -> int:
     # of the logs (a rate line after a progress bar's carriage return) applies to old runs too,
     # and a variant whose call was cut short (its log, no row) is measured too
     for job in SETS[args.set]:
-        for variant in ("as_is", "fixed"):
+        for variant in ("as_is", "fixed", "second"):
             stem = f"{job.name}-{variant}.log"
             log = next((d / stem for d in dirs if (d / stem).exists()), None)
             if log is not None:
@@ -222,6 +247,9 @@ def main() -> int:
                        ("held out", [r for r in rows if r["holdout"]]), ("all", rows)):
         print(f"{label} ({len(sel)} jobs):")
         print("\n".join(summary(sel)))
+    seconds = second_fixes(SETS[args.set], dirs, results, {r["job"]: r for r in rows})
+    if seconds:
+        print("\n".join(seconds))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
