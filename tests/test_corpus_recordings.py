@@ -264,6 +264,21 @@ def test_copies_cost_no_more_than_the_host_time_the_probe_counted_for_them():
     assert "h2d_copy_bound" not in second["verdicts"], second["verdicts"].keys()
 
 
+def test_an_offloads_gain_counts_the_copies_its_fix_removes(tmp_path):
+    """The hand-made offload on the H200: util.gpu read 9.4% busy where GPM's compute engine read
+    3.0% (util.gpu counts the copy engines), so the host side alone (88% of the time) predicted
+    +685% where keeping AdamW on the GPU measured +2584%. The fix removes the copies and the
+    offload's own waits too: their shares are in the cost now."""
+    rows = {r["job"]: r for r in score(tmp_path, "--set", "issue30", str(RUN / "corpus-issue30"))}
+    r = rows["offload_adamw_cpu"]
+    assert r["as_is"]["primary"] == "optimizer_offload" and r["measured_gain"] > 20, r
+    assert abs(r["as_is"]["gain"] - r["measured_gain"]) <= 0.3 * r["measured_gain"], r
+    from gputop.report import build_report
+
+    ev = build_report(str(RUN / "corpus-issue30" / "offload_adamw_cpu-as_is.gtrec"))["verdicts"]["optimizer_offload"]
+    assert 3.0 < ev["evidence"]["copy_only_pct"] < 10.0, ev["evidence"]
+
+
 def test_allocator_thrash_is_named_where_retries_cost_steps_and_not_once_they_are_gone():
     """benchmarks/results/h200-alloc-1206b: a 96-layer job at 0.3% headroom on an H200 made 16
     allocator retries and 9 OOMs in 40 steps of 20 s, against 50 steps with expandable_segments:

@@ -45,6 +45,10 @@ CATEGORY_OF = {"input_bound": "data", "gil_contention": "gil",
 # the recompile)
 CAPPED_BY_IDLE = ("h2d_copy_bound", "launch_bound", "sync_stall", "host_memory_pressure", "cpu_throttled",
                   "optimizer_offload", "allocator_thrash")
+# causes whose fix removes the copies too (the optimizer kept on the GPU): their cap is the
+# compute engine's idle share, the GPU's idle share plus the time it only copied (gpu.copy_only:
+# util.gpu counts the copy engines busy)
+COPIES_GO = ("optimizer_offload",)
 # verdicts never gated by the GPU's busy share: a stopped loop, ranks compared with each other,
 # and another process's kernels on the GPU (they are what keeps it busy)
 NOT_GATED = ("stalled", "straggler_rank", "gpu_shared")
@@ -107,6 +111,8 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
         # gain (tv_resnet_workers0: the budget's 86% predicted 7.2x, the probe's 84% 6.3x, the
         # fix measured 6.1x)
         loss = probe_idle
+    if idle is not None and vid in COPIES_GO:
+        idle = min(1.0, idle + (sig.get("gpu.copy_only") or 0.0))
     if idle is not None and (cat is not None or vid in CAPPED_BY_IDLE):
         loss = min(loss, idle)
     return max(0.0, min(MAX_LOSS, loss))
