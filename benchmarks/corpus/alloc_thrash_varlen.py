@@ -47,6 +47,12 @@ if on_oom not in ("grow", "skip"):
     print(f"alloc_thrash_varlen: ALLOC_ON_OOM={on_oom!r} is not 'grow' or 'skip'", file=sys.stderr)
     sys.exit(2)
 skip_on_oom = on_oom == "skip"
+if skip_on_oom:
+    # cuDNN's attention fails on a workspace it cannot allocate with a RuntimeError, not an OOM
+    # (H200, 2026-12-06: "mha_graph.execute(...) is_good()", the job died after 14 steps): a job
+    # that goes on after OOMs uses the other SDPA kernels (flash), which raise OutOfMemoryError
+    import torch as _torch
+    _torch.backends.cuda.enable_cudnn_sdp(False)
 block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
                                          batch_first=True, norm_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
