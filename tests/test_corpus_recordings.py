@@ -294,6 +294,26 @@ def test_allocator_thrash_is_named_where_retries_cost_steps_and_not_once_they_ar
     assert "allocator_thrash" not in fixed["verdicts"], fixed["verdicts"].keys()
 
 
+def test_a_loop_that_catches_an_oom_at_every_batch_is_stalled_and_says_so():
+    """benchmarks/results/h100-alloc-steady-1206c: the allocator job kept at its pressure
+    (ALLOC_ON_OOM=skip: an OOM drops the batch and the loop goes on) made 11 steps, then every
+    batch failed: 301 OOMs in 49 s, the GPU 95% busy, no step. gputop says stalled, at the step's
+    line, and now why: the OOMs the loop caught (the probe's counter; before, the advice was about
+    collectives, locks and sleeps). The fixed job (expandable_segments) steps on, gpu_bound."""
+    from gputop.report import build_report
+
+    run = ROOT / "benchmarks" / "results" / "h100-alloc-steady-1206c" / "corpus-issue30"
+    rep = build_report(str(run / "alloc_thrash_varlen-as_is.gtrec"))
+    assert rep["primary_verdict"]["id"] == "stalled", rep["primary_verdict"]
+    v = rep["verdicts"]["stalled"]
+    assert v["evidence"]["ooms_in_window"] > 20, v["evidence"]
+    assert "out-of-memory errors raised and caught" in v["summary"] and "batch size" in v["advice"], v
+    assert "alloc_thrash_varlen.py:67" in v["summary"]
+    fixed = build_report(str(run / "alloc_thrash_varlen-fixed.gtrec"))
+    assert fixed["primary_verdict"]["id"] == "gpu_bound", fixed["primary_verdict"]
+    assert "stalled" not in fixed["verdicts"], fixed["verdicts"].keys()
+
+
 def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):
     src = RUN / "corpus"
     for stem in ("tv_resnet_workers0-as_is", "tv_resnet_workers0-fixed"):

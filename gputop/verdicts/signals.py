@@ -332,6 +332,8 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     copies = latest_copies(samples)
     if copies is not None:
         sig.facts["copies"] = copies
+    # (before the timed steps: a loop that stopped stepping still has the allocator's counters)
+    _allocator_signals(store, since, key, sig)
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:
         return
     sig.set("probe.step_ms", pool.step_ms_mean)
@@ -343,7 +345,6 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     cfg = store.latest(KIND_PROBE_CONFIG, key)
     if cfg is not None:
         sig.facts["probe_config"] = dict(cfg.data)
-    _allocator_signals(store, since, key, sig)
     sync = store.latest(KIND_PROBE_SYNC, key)
     if sync is not None and sync.get("lines"):
         sig.facts["sync_top"] = sync.get("lines")[0]
@@ -369,6 +370,12 @@ def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
     last = mem[-1].data
     sig.facts["allocator"] = {k: last.get(k) for k in ("allocated", "reserved", "peak_reserved")
                               if type(last.get(k)) in _NUMBER_TYPES}
+    # CUDA out-of-memory errors raised in the window (probe_memory.ooms, a counter): a job that
+    # catches them and goes on shows them nowhere else (a loop that skips every batch stalls
+    # with the GPU busy)
+    ooms = [s.data.get("ooms") for s in (mem[0], mem[-1])]
+    if all(type(o) is int and o >= 0 for o in ooms) and ooms[1] >= ooms[0]:
+        sig.set("probe.ooms_in_window", float(ooms[1] - ooms[0]))
 
 
 def _collective_signals(samples, sig: Signals) -> None:

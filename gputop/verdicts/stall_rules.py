@@ -12,7 +12,7 @@ from gputop.derive.stall import (IDLE_GPU_PCT, IDLE_MAIN_RUNNING, STALL_IDLE_S, 
                                  STALL_STEP_FACTOR, describe_snapshot)
 from gputop.verdicts.finding import SEVERITY_CRITICAL, Finding
 from gputop.verdicts.registry import verdict
-from gputop.verdicts.signals import Signals
+from gputop.verdicts.signals import WINDOW_S, Signals
 
 
 @verdict(title="Stalled: no progress", severity=SEVERITY_CRITICAL, order=1,
@@ -41,12 +41,23 @@ def stalled(sig: Signals) -> Finding | None:
                f"(main thread on the CPU < {IDLE_MAIN_RUNNING:.0f}%, GPU < {IDLE_GPU_PCT:.0f}%)")
     else:
         why = f"no training step for {for_s or 0:.0f} s (threshold {st.get('threshold_s') or STALL_MIN_S:.0f} s)"
+    advice = ("the Stall view (key s) has every thread's stack of every rank at the moment it stopped: "
+              "a rank in a collective waits for one that is elsewhere; a lock, a sleep or a queue wait names "
+              "the line that blocks")
+    ooms = sig.get("probe.ooms_in_window")
+    summary = why + (": " + "; ".join(places[:3]) if places else "")
+    if on and ooms:
+        # a loop that catches torch.OutOfMemoryError and goes on to the next batch, every batch
+        # failing: the GPU stays busy and no step ends (H100, alloc_thrash_varlen with
+        # ALLOC_ON_OOM=skip: 301 OOMs in 49 s without a step)
+        evidence["ooms_in_window"] = int(ooms)
+        summary += f"; {int(ooms)} CUDA out-of-memory errors raised and caught in the last {WINDOW_S:.0f} s"
+        advice = ("the job raises CUDA out-of-memory errors and goes on to the next batch, which fails too: "
+                  "lower the batch size or sequence length, free what is held beside the model, or set "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation); " + advice)
     return stalled.spec.finding(
         level=1.0 if on else 0.0, lost_share=1.0 if on else 0.0, confidence=0.9, evidence=evidence,
-        advice="the Stall view (key s) has every thread's stack of every rank at the moment it stopped: "
-               "a rank in a collective waits for one that is elsewhere; a lock, a sleep or a queue wait names "
-               "the line that blocks",
-        summary=why + (": " + "; ".join(places[:3]) if places else ""))
+        advice=advice, summary=summary)
 
 
 def stalled_now(store, now: float) -> bool:
