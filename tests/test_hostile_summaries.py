@@ -54,12 +54,17 @@ def _gpu_name_dict(o):
                           for k, kk, v in o["stats"]["last"]]
 
 
+@pytest.fixture(scope="module")
+def good() -> dict:
+    """The report of SRC itself (the same for every mutation: made once)."""
+    return json.loads(subprocess.run([sys.executable, "-m", "gputop", "report", str(SRC), "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+
+
 @pytest.mark.parametrize("mutate", [_no_state, _worst_none, _final_report_keys, _gpu_name_dict],
                          ids=lambda f: f.__name__.strip("_"))
-def test_a_hostile_summary_frame_costs_its_own_use_only(tmp_path, mutate):
+def test_a_hostile_summary_frame_costs_its_own_use_only(tmp_path, mutate, good):
     path = _hostile(tmp_path, mutate.__name__.strip("_"), mutate)
-    good = json.loads(subprocess.run([sys.executable, "-m", "gputop", "report", str(SRC), "--json"],
-                                     capture_output=True, text=True, timeout=120).stdout)
     for args in (["report", str(path)], ["report", str(path), "--json"], ["diff", str(path), str(SRC)]):
         out = subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, (args, out.stderr[-2000:])
