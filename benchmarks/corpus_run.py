@@ -118,7 +118,12 @@ def main() -> int:
     if a.order == "holdout-first":
         jobs.sort(key=lambda j: not j.holdout)   # stable: manifest order within each group
     # ("second": a job's second fix, only where the manifest has one)
-    runs = [(j, v) for j in jobs for v in a.variants.split(",") if v != "second" or j.second_flags]
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in ("as_is", "fixed", "second")]
+    if unknown:
+        print(f"corpus_run: --variants {','.join(unknown)}: each variant is as_is, fixed or second", file=sys.stderr)
+        return 2
+    runs = [(j, v) for j in jobs for v in variants if v != "second" or j.second_flags]
     if a.start:
         keys = [f"{j.name}:{v}" for j, v in runs]
         if a.start not in keys:

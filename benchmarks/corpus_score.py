@@ -160,7 +160,9 @@ def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> l
 
         def pred(j):
             j = j or {}
-            return f"{j['primary']} {j['gain'] * 100:+.0f}%" if j.get("gain") is not None else str(j.get("primary"))
+            if j.get("gain") is not None:
+                return f"{j['primary']} {j['gain'] * 100:+.0f}%"
+            return j.get("primary") or "nothing"
         out.append(f"  {job.name}: second fix ({job.second_fix}) {gain('as_is', 'second')} over as it is "
                    f"(gputop: {pred(row['as_is'])}), {gain('fixed', 'second')} over the label's fix "
                    f"(gputop on it: {pred(row.get('fixed'))}); with it gputop names {pred(second)}")

@@ -315,7 +315,7 @@ phase_secondfix() {
   # SECONDFIX: space-separated JOB:VARIANTS, VARIANTS comma-separated flag sets ("" = as it is, "+"
   # joins flags: --fixed+--gpu-batches). The steps/s of each run is its own `done` line.
   local d=$RES/secondfix; mkdir -p "$d"
-  local spec job variants v flags name
+  local spec job variants v flags name vs
   for spec in ${SECONDFIX:-small_mlp_launch:,--fixed,--graph-step rnn_lstmcell_loop:,--fixed,--graph-step recsys_cpu_embedding:,--fixed,--fixed+--gpu-batches}; do
     job=${spec%%:*}; variants=${spec#*:}
     IFS=, read -r -a vs <<< "$variants"
@@ -325,7 +325,7 @@ phase_secondfix() {
       [ "$v" = again ] && { v=; name=$job-as_is_again; }
       flags=${v//+/ }
       timeout 240 $PY benchmarks/corpus/$job.py --seconds "${SECONDFIX_S:-14}" $flags > "$d/$name.log" 2>&1
-      echo "$name rc=$? $(grep '^done' "$d/$name.log" | awk '{printf "%d steps %.1f s %.2f steps/s", $2, $3, $2/$3}')" | tee -a "$d/summary.txt"
+      echo "$name rc=$? $(grep '^done' "$d/$name.log" | awk '$3 > 0 {printf "%d steps %.1f s %.2f steps/s (warm-up included)", $2, $3, $2/$3}')" | tee -a "$d/summary.txt"
     done
   done
   cat "$d/summary.txt" >> "$SUMMARY"

@@ -70,8 +70,9 @@ def make_batch(g):
 g = torch.Generator().manual_seed(0)
 batches = [make_batch(g) for _ in range(4)]
 if args.gpu_batches:   # the second fix: .to() below is then a no-op for every tensor already there
-    batches = [{k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device) for k, v in b.items()}
-               for b in batches]
+    # (the lookups' indices and offsets where the tables are, the rest on the GPU)
+    batches = [{k: [t.to(EMB_DEVICE) for t in v] if isinstance(v, list)
+                else v.to(EMB_DEVICE if k == "offsets" else device) for k, v in b.items()} for b in batches]
 step = 0
 while True:
     b = batches[step % len(batches)]

@@ -15,6 +15,9 @@ from common import Meter, parse, pick, torch_and_device
 
 SECOND_FIX = "the second fix: forward, loss and backward in one CUDA graph, the fused optimizer outside"
 args = parse(__doc__, lambda p: p.add_argument("--graph-step", action="store_true", help=SECOND_FIX))
+if args.fixed and args.graph_step:
+    print("small_mlp_launch: --fixed and --graph-step are two fixes: give one", file=sys.stderr)
+    sys.exit(2)
 torch, device = torch_and_device()
 gpu = device.type == "cuda"
 

@@ -15,7 +15,6 @@ from typing import Callable
 
 from gputop.derive.steps import copies_text
 from gputop.sources.probe_fields import COPY_WAYS
-from gputop.verdicts.budget_rules import LOOP_BLOCKED_SHARE
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import specs, verdict
 from gputop.verdicts.signals import Signals
@@ -42,6 +41,7 @@ PAGEABLE_PCIE_MIBS = 15000.0      # sustained copies slower than this look pagea
 # the probe's counted copies (one sampled step's) stand for the job's when, at its step rate, they
 # carry at least this share of the PCIe traffic NVML saw (a prefetch thread's copies are not counted)
 COPIES_EXPLAIN_PCIE = 0.5
+PCIE_FASTEST_BPS = 64e9           # PCIe Gen5 x16, one direction: no copy moves its bytes faster
 D2H_PCIE_TX_MIBS = 1000.0         # MiB/s device->host while the loop waits on the GPU: its waits are copies
 LAUNCH_MAX_SM = 40.0              # % SM active: kernels too small to fill the GPU
 LAUNCH_MIN_UTIL = 10.0            # % util.gpu: kernels are running (so it is not idle)
@@ -358,8 +358,9 @@ def _copies(sig: Signals) -> tuple[dict, str]:
 
 def _copy_host_share(sig: Signals, rx: float) -> float | None:
     """The share of a step the training thread spent issuing its host->device copies (the probe's
-    count: host time, pageable ones included, which wait for their staging), where those copies
-    carry at least ``COPIES_EXPLAIN_PCIE`` of the PCIe traffic; else None."""
+    count: host time, pageable ones included, which wait for their staging), or their bytes'
+    time at ``PCIE_FASTEST_BPS`` where that is longer, where those copies carry at least
+    ``COPIES_EXPLAIN_PCIE`` of the PCIe traffic; else None."""
     row = (sig.facts.get("copies") or {}).get("h2d") if isinstance(sig.facts.get("copies"), dict) else None
     step_ms = sig.get("probe.step_ms")
     if not isinstance(row, dict) or not step_ms or step_ms <= 0 or not rx or rx <= 0:
@@ -368,7 +369,10 @@ def _copy_host_share(sig: Signals, rx: float) -> float | None:
     if type(n) not in (int, float) or type(ms) not in (int, float) or n < 1e6 or ms < 0:
         return None
     carried = n * (1000.0 / step_ms) / (rx * 1024 * 1024)
-    return min(1.0, ms / step_ms) if carried >= COPIES_EXPLAIN_PCIE else None
+    # (a pinned non_blocking copy returns at once while its DMA holds the stream: its cost is at
+    # least its bytes at the fastest PCIe rate there is)
+    dma_ms = n / PCIE_FASTEST_BPS * 1000.0
+    return min(1.0, max(ms, dma_ms) / step_ms) if carried >= COPIES_EXPLAIN_PCIE else None
 
 
 def _offloaded(sig: Signals) -> tuple[float, int] | None:
@@ -396,17 +400,19 @@ def optimizer_offload(sig: Signals) -> Finding | None:
     share, n = off
     # the offload's cost: the GPU's idle time while the main thread waited on the GPU (the
     # gradients' device-to-host copies, blocking) or ran CPU code (the optimizer step, the copies
-    # back): the budget's sync and cpu shares, each already a share of GPU-idle wall time; the
-    # time the GPU only copied (util.gpu counts the copy engines busy); and the off-CPU residue
-    # no verdict names (blocked, waiting for a core, each under its own verdict's threshold): the
-    # offload's own waits, page faults and pageable copies at its lines. The fix removes them all
-    # (H200: host side 0.88, copying 0.06, blocked 0.02 at the offload's lines; +685% predicted
-    # from the host side alone, +2584% measured)
+    # back): the budget's sync and cpu shares, each already a share of GPU-idle wall time; and,
+    # the fix removing the copies too, the time the GPU only copied (util.gpu counts the copy
+    # engines busy) and the off-CPU time no blocking call names (page faults and pageable copies
+    # inside the offload's own lines; a sleep or a lock is loop_blocked's)
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
-    copying = sig.get("gpu.copy_only") or 0.0
-    residue = sum(v for v, limit in ((sig.get("budget.blocked"), LOOP_BLOCKED_SHARE),
-                                     (sig.get("budget.cpu_wait"), CPU_WAIT_SHARE)) if v is not None and v < limit)
-    lost = _host_side_idle(sig) + copying + (residue if sync is not None or cpu is not None else 0.0)
+    copying = sig.get("gpu.copy_only")
+    lost = _host_side_idle(sig)
+    if sync is not None or cpu is not None:   # (without a budget the idle share holds the copies already)
+        budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
+        named = budget.get("blocked_in_calls")
+        unnamed = max(0.0, (sig.get("budget.blocked") or 0.0) - (named if isinstance(named, (int, float)) else 0.0))
+        lost += (copying or 0.0) + unnamed
+    lost = max(0.0, min(1.0, lost))
     level = _gate(lost / OFFLOAD_SHARE, share >= OFFLOAD_CPU_PARAMS)
     tx, rx = sig.get("gpu.pcie_tx_mibs"), sig.get("gpu.pcie_rx_mibs")
     opt = (sig.facts.get("probe_config") or {}).get("optimizer") or {}

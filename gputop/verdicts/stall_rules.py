@@ -12,7 +12,11 @@ from gputop.derive.stall import (IDLE_GPU_PCT, IDLE_MAIN_RUNNING, STALL_IDLE_S, 
                                  STALL_STEP_FACTOR, describe_snapshot)
 from gputop.verdicts.finding import SEVERITY_CRITICAL, Finding
 from gputop.verdicts.registry import verdict
-from gputop.verdicts.signals import WINDOW_S, Signals
+from gputop.verdicts.signals import Signals
+
+# out-of-memory errors caught in the window from which a stall is a loop failing every batch (one or
+# two are a batch that did not fit, skipped, then something else stopped the loop)
+STALL_OOMS = 3
 
 
 @verdict(title="Stalled: no progress", severity=SEVERITY_CRITICAL, order=1,
@@ -46,12 +50,12 @@ def stalled(sig: Signals) -> Finding | None:
               "the line that blocks")
     ooms = sig.get("probe.ooms_in_window")
     summary = why + (": " + "; ".join(places[:3]) if places else "")
-    if on and ooms:
+    if on and ooms is not None and ooms >= STALL_OOMS:
         # a loop that catches torch.OutOfMemoryError and goes on to the next batch, every batch
         # failing: the GPU stays busy and no step ends (H100, alloc_thrash_varlen with
         # ALLOC_ON_OOM=skip: 301 OOMs in 49 s without a step)
         evidence["ooms_in_window"] = int(ooms)
-        summary += f"; {int(ooms)} CUDA out-of-memory errors raised and caught in the last {WINDOW_S:.0f} s"
+        summary += f"; {int(ooms)} CUDA out-of-memory errors raised and caught in the last {sig.window_s:.0f} s"
         advice = ("the job raises CUDA out-of-memory errors and goes on to the next batch, which fails too: "
                   "lower the batch size or sequence length, free what is held beside the model, or set "
                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation); " + advice)
