@@ -13,6 +13,11 @@ stalled now, since when, why, and the ranks a snapshot should dump. Two ways to 
   ``IDLE_MAIN_RUNNING``) and the GPU idle (util.gpu and SM active < ``IDLE_GPU_PCT``, or no GPU
   at all) for ``idle_s`` without a break, and no step taken in that time (a job that steps
   progresses, whatever 60 py-spy samples in the agent's 30 s say). It needs py-spy's stacks.
+  A stretch whose waits are mostly for the DataLoader while the job's DataLoader workers are
+  busy on the CPU (>= ``WORKERS_BUSY_PCT`` together) is a pipeline at work, not a stop: without
+  the probe, steps come from the few samples that land in a backward pass, and the agent's 2
+  a second can miss them all for 30 s in an input-bound loop (a job that steps called stalled,
+  beside CPU load). A hung DataLoader's workers are idle: still caught.
 
 What is not a stall (docs/verdicts.md, "stalled"): start-up before the first step (nothing has
 progressed yet: a job that never stepped and never kept its GPU busy is never called stalled),
@@ -34,8 +39,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_STACKS, KIND_STALL, KIND_STALL_SNAPSHOT,
-                               KIND_TARGET)
+from gputop.catalogue import (KIND_GPU, KIND_PHASE, KIND_PROBE_STEP, KIND_PROC, KIND_STACKS, KIND_STALL,
+                               KIND_STALL_SNAPSHOT, KIND_TARGET)
 from gputop.derive import frame_rules as fr
 from gputop.derive import phases as ph
 from gputop.derive.budget import BLOCKED, COLLECTIVE, CPU, CPU_WAIT, DATA, IO, SYNC, owner
@@ -44,6 +49,7 @@ from gputop.derive.moments import MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
 from gputop.derive.stacks_window import stacks_window_s
 from gputop.model import Sample
+from gputop.sources.procfs import ROLE_WORKER
 
 STALL_MIN_S = 10.0          # no step for at least this long ...
 STALL_STEP_FACTOR = 20.0    # ... and for 20x the median step time (a slow step is not a stall)
@@ -54,6 +60,7 @@ BUSY_GPU_PCT = 20.0         # a GPU seen this busy means the job was making prog
 HISTORY_S = 120.0           # the median step time is taken over this much of the past (probe)
 MOMENTS_S = 40.0            # py-spy moments looked at each second (stack steps, the idle test)
 SAY_EVERY_S = 1.0
+WORKERS_BUSY_PCT = 20.0     # DataLoader workers' CPU, together, that makes a wait for data progress
 STEP_SLACK_S = 2.0          # a step this far into an idle stretch is one the stretch began after
                             # (a probe window ends up to 1 s after its steps); a later one is progress
 _NUM = (int, float)
@@ -142,6 +149,22 @@ class StallDetector:
             return m.split.shares.get(CPU, 0.0) + m.split.shares.get(CPU_WAIT, 0.0) < IDLE_MAIN_RUNNING / 100.0
         return False
 
+    @staticmethod
+    def _loading(store, pid: str, ms: list, since: float, now: float) -> bool:
+        """The stretch's waits are mostly for the DataLoader and its workers (the processes of
+        role ``dataloader_worker`` whose parent is ``pid``) are busy on the CPU: the pipeline is
+        at work (the module's docstring)."""
+        stretch = [m for m in ms if m.t >= since]
+        if not stretch or sum(1 for m in stretch if m.naming.cat == DATA) < len(stretch) / 2:
+            return False
+        busy = 0.0
+        for series in store.window(KIND_PROC, since).values():
+            mine = [s for s in series if s.get("role") == ROLE_WORKER and str(s.get("ppid")) == pid
+                    and s.t <= now and type(s.get("cpu_pct")) in _NUM]
+            if mine:
+                busy += sum(s.get("cpu_pct") for s in mine) / len(mine)
+        return busy >= WORKERS_BUSY_PCT
+
     def _idle_since(self, store, now: float, moments_of: dict[str, list], gpus: list[str],
                     window: float) -> float | None:
         """Since when every judged main thread has waited and the GPU has been idle (None: not now).
@@ -220,6 +243,9 @@ class StallDetector:
         median = statistics.median(medians) if medians else None
         threshold = max(self.min_s, self.factor * median) if median is not None else self.min_s
         self.idle_since = self._idle_since(store, now, moments_of, gpus, window)
+        if self.idle_since is not None and any(self._loading(store, p, moments_of[p], self.idle_since, now)
+                                               for p in pids):
+            self.idle_since = None
 
         reason = None
         if not ended and self.progressed:
