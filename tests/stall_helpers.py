@@ -43,9 +43,10 @@ def marker_line(tag: str) -> int:
 
 
 def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0, probe: bool = True,
-            min_s: float = MIN_S, factor: float | None = None) -> dict:
+            min_s: float = MIN_S, factor: float | None = None, idle_s: float | None = None) -> dict:
     """Run the workload to its end under a recorded session; every published sample comes back.
-    ``probe=False``: no probe, so the steps are the ones the stacks show."""
+    ``probe=False``: no probe, so the steps are the ones the stacks show; ``idle_s``: the
+    detector's idle test (default 30 s)."""
     env = dict(os.environ, GPUTOP_PROBE_DIR=str(tmp / "sock"), OMP_NUM_THREADS="1")
     ticks, events = tmp / "ticks.txt", tmp / "events.jsonl"
     cmd = [sys.executable, str(WORKLOAD), "--ticks", str(ticks), "--events", str(events), *args]
@@ -67,7 +68,8 @@ def run_job(tmp: pathlib.Path, args: list[str], timeout_s: float = 120.0, probe:
         meta = base_meta(clock, ["tests/stall"])
         meta["target"] = target.describe()
         rec = tmp / "stall.gtrec"
-        detector = StallDetector(min_s=min_s) if factor is None else StallDetector(min_s=min_s, factor=factor)
+        kw = {k: v for k, v in (("factor", factor), ("idle_s", idle_s)) if v is not None}
+        detector = StallDetector(min_s=min_s, **kw)
         session = LiveSession(sources, clock, meta, recorder=Recorder(RecordingWriter(str(rec), meta)),
                               processors=[ThreadStateProcessor(), BudgetProcessor(), detector,
                                           VerdictEngine()])

@@ -25,7 +25,11 @@ STACK_FACTOR = 5.0
 
 
 STALL_JOBS = {"stacks": {"args": ["--scenes", "sleep", "--stall-s", "10", "--train-s", "7", "--step-ms", "0"],
-                         "probe": False, "min_s": STACK_MIN_S, "factor": STACK_FACTOR}}
+                         "probe": False, "min_s": STACK_MIN_S, "factor": STACK_FACTOR},
+              # a hung input pipeline: the main thread waits in next() on a DataLoader whose two
+              # workers sleep in __getitem__; the idle test alone (the step test out of reach)
+              "loader": {"args": ["--scenes", "loader", "--stall-s", "10", "--train-s", "6", "--step-ms", "0"],
+                         "probe": False, "min_s": 1000.0, "idle_s": 3.0}}
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +76,20 @@ def test_the_idle_test_alone_finds_the_same_stop(job):
     # (thread states are judged over py-spy's 2 s windows, which arrive after they end)
     assert all(start <= s.t <= end + 6.0 for s in idle), ([s.t for s in idle], start, end)
     assert idle[0].t - start <= 3.0 + 2.0 + 3.0   # idle_s, a thread-state window, slack
+
+
+def test_a_hung_dataloader_is_idle_stalled_though_waits_for_busy_workers_are_not(request, tmp_path_factory):
+    """A wait for the DataLoader is progress while its workers are busy on the CPU (the agent's
+    few samples can all land in it: derive/stall.py), and a stop when they are idle: the main
+    thread waits in next() for a batch its sleeping workers never make, and the idle test names
+    it, during the hang only."""
+    job = stall_job(request, tmp_path_factory, "loader")
+    start, end = scene(job, "loader")
+    states = of_kind(job["samples"], KIND_STALL, "job")
+    on = [s for s in states if s.get("stalled")]
+    assert on and all(s.get("reason") == "idle" for s in on), on[:2]
+    assert all(start <= s.t <= end + 6.0 for s in on), ([s.t for s in on], start, end)
+    assert on[0].t - start <= 3.0 + 2.0 + 4.0, (on[0].t, start)   # idle_s, a py-spy window, slack
+    (shot,) = [s for s in of_kind(job["samples"], KIND_STALL_SNAPSHOT) if start <= s.t <= end + 6.0]
+    (r,) = describe_snapshot(shot.data)["ranks"]
+    assert f"stall_train.py:{marker_line('STALL-NEXT')}" in (r["where"] or ""), r

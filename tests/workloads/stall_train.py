@@ -9,6 +9,9 @@ probe counts steps at optimizer.step). Its scenes, in order, each --stall-s long
               sleeps in another thread                         (lines STALL-LOCK, STALL-HOLDER)
   collective  (--world-size 2) rank 1 sleeps in ``rank_elsewhere()`` (STALL-ELSEWHERE) while
               rank 0 waits in ``dist.all_reduce`` (STALL-ALLREDUCE), gloo
+  loader      (torch) the main thread waits for a DataLoader batch (STALL-NEXT) that its two
+              workers, asleep in the dataset's __getitem__ (STALL-LOADER), do not make: a hung
+              input pipeline
 
 --scenes picks them (default: sleep,lock). --first-train-s sets the training before the first
 scene only (default: --train-s). --plain drops torch: a step is a little pure-Python work marked
@@ -83,7 +86,7 @@ def launch(n: int, argv: list[str]) -> int:
     return max(p.wait() for p in procs)
 
 
-def run_scenes(a, train, event, collective=None) -> None:
+def run_scenes(a, train, event, collective=None, loader=None) -> None:
     """The start-up, then each scene with training before and after it."""
     time.sleep(a.startup_s)
     event(scene="training")
@@ -99,6 +102,8 @@ def run_scenes(a, train, event, collective=None) -> None:
             wait_for_lock(lock)
         elif scene == "collective" and collective is not None:
             collective()
+        elif scene == "loader" and loader is not None:
+            loader()
         event(scene=scene, end=True)
         train(a.train_s)
 
@@ -206,7 +211,20 @@ def main() -> int:
             rank_elsewhere(a.stall_s)
         step()   # rank 0 waits in the all_reduce until rank 1 comes
 
-    run_scenes(a, train, event, collective)
+    def loader() -> None:
+        class Hung(torch.utils.data.Dataset):
+            def __len__(self):
+                return 2
+
+            def __getitem__(self, i):
+                time.sleep(a.stall_s)  # STALL-LOADER
+                return torch.zeros(1)
+
+        it = iter(torch.utils.data.DataLoader(Hung(), batch_size=1, num_workers=2))
+        next(it)  # STALL-NEXT
+        del it
+
+    run_scenes(a, train, event, collective, loader)
     event(scene="done", ticks=ticker.count)
     if dist is not None:
         dist.destroy_process_group()
