@@ -433,7 +433,7 @@ def optimizer_offload(sig: Signals) -> Finding | None:
                 "pinned host buffers, non_blocking copies on a side stream, and a multi-threaded CPU optimizer "
                 "(DeepSpeed's CPUAdam) while the next forward runs."),
         summary=(f"{opt.get('class') or 'the optimizer'} holds {share * 100:.0f}% of its parameters on the CPU; the GPU "
-                 f"idles {lost * 100:.0f}% of the time while the loop waits on copies or runs CPU code"
+                 f"computes nothing {lost * 100:.0f}% of the time while the loop copies, waits on copies or runs CPU code"
                  + (f" ({copies})" if copies else "")),
         missing=_missing(sig, "stacks", "budget"))
 
