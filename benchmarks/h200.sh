@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus secondfix
+# Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
 # Each phase runs its benchmarks as `$PY -m benchmarks NAME ARGS` (the registry: benchmarks/__init__.py;
 # `python -m benchmarks --list` names them all, with where they run and their goals).
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
@@ -307,28 +307,6 @@ phase_corpus() {
   $PY -m benchmarks corpus_run "$d" --set "${CORPUS_SET:-corpus}" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" \
       --variants "${CORPUS_VARIANTS:-as_is,fixed}" --order "${CORPUS_ORDER:-manifest}" --start "${CORPUS_START:-}" --budget-s "${CORPUS_BUDGET:-0}" 2>&1 | tee -a "$d/run.txt"
   tail -3 "$d/run.txt" >> "$SUMMARY"
-}
-
-phase_secondfix() {
-  # second fixes, run bare (no gputop): each job as it is, with the label's fix and with a second
-  # fix, SECONDFIX_S seconds of training each, in one call so that the variants share a machine.
-  # SECONDFIX: space-separated JOB:VARIANTS, VARIANTS comma-separated flag sets ("" = as it is, "+"
-  # joins flags: --fixed+--gpu-batches). The steps/s of each run is its own `done` line.
-  local d=$RES/secondfix; mkdir -p "$d"
-  local spec job variants v flags name vs
-  for spec in ${SECONDFIX:-small_mlp_launch:,--fixed,--graph-step rnn_lstmcell_loop:,--fixed,--graph-step recsys_cpu_embedding:,--fixed,--fixed+--gpu-batches}; do
-    job=${spec%%:*}; variants=${spec#*:}
-    IFS=, read -r -a vs <<< "$variants"
-    vs+=("again")   # as it is again at the end: the machine's drift between the first and the last
-    for v in "${vs[@]}"; do
-      name=$job-$(echo "${v:-as_is}" | tr -d '-' | tr '+' '_')
-      [ "$v" = again ] && { v=; name=$job-as_is_again; }
-      flags=${v//+/ }
-      timeout 240 $PY benchmarks/corpus/$job.py --seconds "${SECONDFIX_S:-14}" $flags > "$d/$name.log" 2>&1
-      echo "$name rc=$? $(grep '^done' "$d/$name.log" | awk '$3 > 0 {printf "%d steps %.1f s %.2f steps/s (warm-up included)", $2, $3, $2/$3}')" | tee -a "$d/summary.txt"
-    done
-  done
-  cat "$d/summary.txt" >> "$SUMMARY"
 }
 
 real_line() {

@@ -334,6 +334,17 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ["benchmarks/corpus/small_mlp_launch.py", "--seconds", "1", "--fixed", "--graph-step"],   # two fixes at once
+    ["-m", "benchmarks", "corpus_run", "OUT", "--jobs", "small_mlp_launch", "--variants", "as_is,seconds"],
+])
+def test_corpus_tools_refuse_a_bad_command_line_in_one_line(argv, tmp_path):
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "results.jsonl").exists()   # nothing was run
+
+
 @pytest.mark.parametrize("env", [{"ALLOC_SIZE": "1,2"}, {"ALLOC_HEADROOM": "lots"}, {"ALLOC_ON_OOM": "retry"}])
 def test_the_allocator_jobs_exploring_knobs_refuse_bad_values_in_one_line(env):
     import os

@@ -51,8 +51,7 @@ if skip_on_oom:
     # cuDNN's attention fails on a workspace it cannot allocate with a RuntimeError, not an OOM
     # (H200, 2026-12-06: "mha_graph.execute(...) is_good()", the job died after 14 steps): a job
     # that goes on after OOMs uses the other SDPA kernels (flash), which raise OutOfMemoryError
-    import torch as _torch
-    _torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 block = torch.nn.TransformerEncoderLayer(width, nhead=max(1, width // 128), dim_feedforward=4 * width,
                                          batch_first=True, norm_first=True)
 model = torch.nn.Sequential(torch.nn.Embedding(8192, width),
