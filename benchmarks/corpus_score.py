@@ -143,9 +143,14 @@ def score_job(job, dirs: list[pathlib.Path], results: dict) -> dict | None:
 
 
 def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> list[str]:
-    """The second fixes (the manifest's ``second_flags``), apart from the score: the gain each
-    measured over the job as it is and over the label's fix, beside gputop's predictions on those
-    two recordings, and what gputop names on the job with the second fix."""
+    """The second fixes (the manifest's ``second_flags``): the gain each measured over the job as
+    it is and over the label's fix, beside gputop's predictions on those two recordings, and what
+    gputop names on the job with the second fix. Two things are marked on the job's row for the
+    score (``summary``): ``partial_fix`` where the second fix gained ``GAIN_NOTE`` or more over the
+    label's fix, on which gputop named a cause (the label's fix left part of the cause: the ground
+    truth, a fix tried and measured, says that call was right); ``second_pairs``, each (predicted,
+    measured, within) pair that the second fix measures (from the job as it is, and from the
+    label's fix where gputop named a cause on it) -- apart from the headline's pairs."""
     out = []
     for job in jobs:
         row = rows.get(job.name)
@@ -155,18 +160,30 @@ def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> l
         rec = next((d / f"{job.name}-second.gtrec" for d in dirs if (d / f"{job.name}-second.gtrec").exists()), None)
         second = judge(rec) if rec is not None else {}
 
-        def gain(a, b):
-            return f"{(rate[b] / rate[a] - 1.0) * 100:+.0f}%" if rate[a] and rate[b] else "-"
+        def measured(a):
+            return rate["second"] / rate[a] - 1.0 if rate[a] else None
+
+        def gain(a):
+            m = measured(a)
+            return "-" if m is None else f"{m * 100:+.0f}%"
 
         def pred(j):
             j = j or {}
             if j.get("gain") is not None:
                 return f"{j['primary']} {j['gain'] * 100:+.0f}%"
             return j.get("primary") or "nothing"
-        out.append(f"  {job.name}: second fix ({job.second_fix}) {gain('as_is', 'second')} over as it is "
-                   f"(gputop: {pred(row['as_is'])}), {gain('fixed', 'second')} over the label's fix "
-                   f"(gputop on it: {pred(row.get('fixed'))}); with it gputop names {pred(second)}")
-    return ["second fixes (not in the score: its fix is the label's):", *out] if out else []
+        fixed = row.get("fixed") or {}
+        m_fixed = measured("fixed")
+        row["partial_fix"] = bool(wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
+        row["second_pairs"] = []
+        for variant, j in (("as_is", row["as_is"]), ("fixed", fixed)):
+            m = measured(variant)
+            if m is not None and j.get("primary") in CAUSES and j.get("gain") is not None:
+                row["second_pairs"].append((j["gain"], m, abs(j["gain"] - m) <= max(GAIN_ABS, GAIN_REL * abs(m))))
+        out.append(f"  {job.name}: second fix ({job.second_fix}) {gain('as_is')} over as it is "
+                   f"(gputop: {pred(row['as_is'])}), {gain('fixed')} over the label's fix "
+                   f"(gputop on it: {pred(fixed)}); with it gputop names {pred(second)}")
+    return ["second fixes (a fix that removes only the named cause, or the rest of it):", *out] if out else []
 
 
 def _pct(n: int, d: int) -> str:
@@ -178,15 +195,23 @@ def summary(rows: list[dict]) -> list[str]:
     rows = [r for r in rows if not r["refuted"]]
     causes = [r for r in rows if r["cause"] is not None]
     fixed = [r for r in rows if "fixed_ok" in r]
+    partial = [r for r in fixed if not r["fixed_ok"] and r.get("partial_fix")]
+    second_pairs = [p for r in rows for p in r.get("second_pairs") or ()]
     gains = [r for r in causes if "gain_ok" in r]
     # (a cause with no steps/s gain, skipped_steps, has no gain to compare: its share skipped is the check)
     pairs = [r for r in causes if r["measured_gain"] is not None and r["cause"] not in NO_GAIN]
     attach = [r for r in rows if "attach_same" in r]
     return [f"  right primary as is:            {_pct(sum(r['right'] for r in rows), len(rows))}"
             f"  (cause jobs {_pct(sum(r['right'] for r in causes), len(causes))})",
-            f"  fixed: no cause > {GAIN_NOTE:.0%} gain:      {_pct(sum(r['fixed_ok'] for r in fixed), len(fixed))}",
+            f"  fixed: no cause > {GAIN_NOTE:.0%} gain:      {_pct(sum(r['fixed_ok'] for r in fixed), len(fixed))}"
+            + (f"; {_pct(sum(r['fixed_ok'] for r in fixed) + len(partial), len(fixed))} counting the label's fixes"
+               f" that left the cause, as their second fix measured: {', '.join(r['job'] for r in partial)}"
+               if partial else ""),
             f"  gain within +-30%/5 pt:         {_pct(sum(r['gain_ok'] for r in gains), len(pairs))}"
-            f" (of pairs with a measured gain; {len(gains)} had the right primary)",
+            f" (of pairs with a measured gain; {len(gains)} had the right primary)"
+            + (f"; the second fixes' own pairs: {_pct(sum(p[2] for p in second_pairs), len(second_pairs))}"
+               f" ({', '.join(f'{p[0] * 100:+.0f}% vs {p[1] * 100:+.0f}%' for p in second_pairs)})"
+               if second_pairs else ""),
             f"  same primary attached late:     {_pct(sum(r['attach_same'] for r in attach), len(attach))}",
             f"  refuted by their own fix (< {GAIN_NOTE:.0%}), not counted: {', '.join(refuted) or 'none'}",
             f"  right under another name (manifest's also), counted: "
@@ -245,11 +270,11 @@ def main() -> int:
         print(f"{r['job'][:26]:26s} {str(r['cause'])[:15]:15s} {str(a['primary'])[:12]:12s} {mark} {pred:>6s} "
               f"{meas:>6s} {str(f.get('primary'))[:15]:15s} {str((r.get('late') or {}).get('primary'))[:15]:15s}"
               + (" H" if r["holdout"] else ""))
+    seconds = second_fixes(SETS[args.set], dirs, results, {r["job"]: r for r in rows})
     for label, sel in (("tuning", [r for r in rows if not r["holdout"]]),
                        ("held out", [r for r in rows if r["holdout"]]), ("all", rows)):
         print(f"{label} ({len(sel)} jobs):")
         print("\n".join(summary(sel)))
-    seconds = second_fixes(SETS[args.set], dirs, results, {r["job"]: r for r in rows})
     if seconds:
         print("\n".join(seconds))
     if args.json:

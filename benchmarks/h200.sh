@@ -3,7 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
-# Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus
+# Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus kernelbusy
 # Each phase runs its benchmarks as `$PY -m benchmarks NAME ARGS` (the registry: benchmarks/__init__.py;
 # `python -m benchmarks --list` names them all, with where they run and their goals).
 # Results go to $OUT/h200/ (one folder per phase) and are packed into $OUT/h200.tgz; a short
@@ -307,6 +307,30 @@ phase_corpus() {
   $PY -m benchmarks corpus_run "$d" --set "${CORPUS_SET:-corpus}" --jobs "${CORPUS_JOBS:-}" --seconds "${CORPUS_SECS:-14}" \
       --variants "${CORPUS_VARIANTS:-as_is,fixed}" --order "${CORPUS_ORDER:-manifest}" --start "${CORPUS_START:-}" --budget-s "${CORPUS_BUDGET:-0}" 2>&1 | tee -a "$d/run.txt"
   tail -3 "$d/run.txt" >> "$SUMMARY"
+}
+
+phase_kernelbusy() {
+  # Issue 29's launch-bound gains: the GPU's kernel time per step from a CUDA kernel timeline
+  # (torch.profiler, CUDA activity only, three 1 s windows) against the unprofiled step time, on
+  # the corpus's launch-bound jobs as they are and with their launch overhead removed (CUDA
+  # graphs), and on a GPU-bound job (does the job stay slower once CUPTI has been on?).
+  # KB_JOBS overrides the list (job:flag,...; flag "-" for none).
+  local d=$RES/kernelbusy${KB_TAG:-}; mkdir -p "$d"
+  for jf in ${KB_JOBS:-tv_resnet_batch1_infer:- tv_resnet_batch1_infer:--fixed small_mlp_launch:- small_mlp_launch:--graph-step rnn_lstmcell_loop:- rnn_lstmcell_loop:--graph-step accelerate_gpu_bound:-}; do
+    local job=${jf%%:*} flag=${jf#*:}; [ "$flag" = - ] && flag=
+    # KB_ARGS: the sampler's own options (e.g. "--window 0.3 --windows 1"); the environment passes
+    # on (TEARDOWN_CUPTI=1: kineto finalizes CUPTI when a trace stops)
+    timeout 120 $PY benchmarks/kernel_busy.py --after 8 ${KB_ARGS:-} -- "benchmarks/corpus/$job.py" --seconds 24 $flag \
+      > "$d/$job${flag//-/_}.log" 2>&1
+    note "kernelbusy $job $flag: $(grep -h '^kernel_busy' "$d/$job${flag//-/_}.log" | $PY -c '
+import json, sys
+for l in sys.stdin:
+    d = json.loads(l.split(" ", 1)[1]); w = d.get("windows") or [{}]
+    print("step %.3f ms -> after %.3f ms | kernel/step %s ms | busy %s | launch gain %s%% | enter %.0f exit %.0f parse %.0f ms" % (
+        d["step_ms_before"], d["step_ms_after"], [round(x["kernel_ms_per_step"] or 0, 3) for x in w],
+        round(d.get("kernel_busy_share", -1), 3), round(d.get("launch_gain_pct", -1)), w[0].get("enter_ms", -1),
+        w[0].get("exit_ms", -1), w[0].get("parse_ms", -1)))' 2>&1 | tail -1)"
+  done
 }
 
 real_line() {

@@ -245,6 +245,12 @@ def test_a_second_fix_that_removes_just_the_launches_gains_what_launch_bound_pre
     fixed = rows["small_mlp_launch"]["fixed"]
     measured = rates["small_mlp_launch", "second"] / rates["small_mlp_launch", "fixed"] - 1.0
     assert fixed["primary"] == "launch_bound" and abs(fixed["gain"] - measured) <= 0.3 * measured, (fixed, measured)
+    # the score marks what the second fix says: the MLP's label fix left the cause (a right call on
+    # its fixed job, +162% > 10%), the LSTM's did not (gputop named nothing there); and the pairs it
+    # measures: the MLP's two (as it is, label-fixed), the LSTM's one, each within 30%
+    assert rows["small_mlp_launch"]["partial_fix"] and not rows["rnn_lstmcell_loop"]["partial_fix"]
+    assert [p[2] for p in rows["small_mlp_launch"]["second_pairs"]] == [True, True]
+    assert [p[2] for p in rows["rnn_lstmcell_loop"]["second_pairs"]] == [True]
 
 
 def test_copies_cost_no_more_than_the_host_time_the_probe_counted_for_them():
