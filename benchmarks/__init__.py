@@ -144,6 +144,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the probe's per-step split (GPU time, data wait less the GPU time it overlaps) against the"
               " time budget's gpu_busy and data shares, on every corpus recording made with the probe",
               "local", "agree within 5 points on every corpus job (#29)"),
+    Benchmark("kernel_busy", "kernel_busy.py",
+              "a corpus job's kernels' time per step from CUDA-only torch.profiler traces (CUPTI) against"
+              " its unprofiled step time, and its step time before and after the traces",
+              "h200", "none: a measurement (whether a kernel timeline could set launch_bound's gain, and"
+              " what tracing costs the job; #29)"),
     # --- ranks, FLOPs, stalls, DDP (issues 6, 15, 17)
     Benchmark("ranks_h200", "ranks_h200.py",
               "gputop attached to a torchrun launcher: every rank found, its GPU, SM active, steps/s",

@@ -320,7 +320,7 @@ phase_kernelbusy() {
     local job=${jf%%:*} flag=${jf#*:}; [ "$flag" = - ] && flag=
     # KB_ARGS: the sampler's own options (e.g. "--window 0.3 --windows 1"); the environment passes
     # on (TEARDOWN_CUPTI=1: kineto finalizes CUPTI when a trace stops)
-    timeout 120 $PY benchmarks/kernel_busy.py --after 8 ${KB_ARGS:-} -- "benchmarks/corpus/$job.py" --seconds 24 $flag \
+    timeout 120 $PY -m benchmarks kernel_busy --after 8 ${KB_ARGS:-} -- "benchmarks/corpus/$job.py" --seconds 24 $flag \
       > "$d/$job${flag//-/_}.log" 2>&1
     note "kernelbusy $job $flag: $(grep -h '^kernel_busy' "$d/$job${flag//-/_}.log" | $PY -c '
 import json, sys

@@ -11,14 +11,17 @@ from gputop.verdicts.rules import allocator_thrash
 from gputop.verdicts.signals import build_signals
 
 
-def _store(retries: list) -> SampleStore:
+def _store(retries: list, mallocs: list | None = None) -> SampleStore:
     store = SampleStore()
     for i, r in enumerate(retries):
         t = float(i)
+        mem = {"alloc_retries": r, "allocated": 1 << 30, "reserved": 2 << 30}
+        if mallocs is not None:   # (cudaMalloc and cudaFree calls so far: a retry frees the cache, 3 segments)
+            mem.update(device_allocs=mallocs[i], device_frees=mallocs[i] - 3 if mallocs[i] is not None else None)
         store.on_samples([
             # (a probe window's sums, as the probe sends them: 4 steps in its 1 s)
             Sample(t, "probe_step", "100", {"step_n": 4, "steps": 4, "window_s": 1.0, "step_s_sum": 1.0}),
-            Sample(t, "probe_memory", "100", {"alloc_retries": r, "allocated": 1 << 30, "reserved": 2 << 30})])
+            Sample(t, "probe_memory", "100", mem)])
     return store
 
 
@@ -35,3 +38,18 @@ def test_a_counter_that_goes_back_or_is_not_a_count_gives_no_rate():
     assert build_signals(_store([50, 40, 30]), 2.5).get("probe.alloc_retries_per_s") is None
     assert build_signals(_store(["x", 1.5, None]), 2.5).get("probe.alloc_retries_per_s") is None
     assert allocator_thrash(build_signals(_store([5]), 0.5)) is None
+
+
+def test_cuda_malloc_and_free_calls_become_rates_per_step_in_the_evidence():
+    """torch >= 2.1 counts the allocator's cudaMalloc/cudaFree calls (memory_stats' num_device_alloc,
+    num_device_free): a steady job makes none once its cache is built, a thrashing one some every
+    step. 12 mallocs a second at 4 steps a second: 3 a step."""
+    sig = build_signals(_store([0, 10, 20, 30, 40, 50], [100, 112, 124, 136, 148, 160]), 5.5)
+    assert abs(sig.get("probe.cuda_mallocs_per_step") - 3.0) < 1e-9
+    assert abs(sig.get("probe.cuda_frees_per_step") - 3.0) < 1e-9
+    ev = allocator_thrash(sig).evidence
+    assert ev["cuda_mallocs_per_step"] == 3.0 and ev["cuda_frees_per_step"] == 3.0
+    # an older torch (no counts), or a count that went back: no rate, the retries' still there
+    for mallocs in ([None] * 6, [160, 148, 136, 124, 112, 100]):
+        sig = build_signals(_store([0, 10, 20, 30, 40, 50], mallocs), 5.5)
+        assert sig.get("probe.cuda_mallocs_per_step") is None and sig.get("probe.alloc_retries_per_step") == 2.5

@@ -458,6 +458,8 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     return allocator_thrash.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.75, _missing(sig, "stacks", "budget")),
         evidence={"alloc_retries_per_s": _r(rate), "alloc_retries_per_step": _r(per_step),
+                  "cuda_mallocs_per_step": _r(sig.get("probe.cuda_mallocs_per_step")),
+                  "cuda_frees_per_step": _r(sig.get("probe.cuda_frees_per_step")),
                   "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
                   "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
                   "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu)},

@@ -353,7 +353,8 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
 def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
     """The CUDA caching allocator's retries (probe_memory.alloc_retries, a counter: a cudaMalloc
     that failed, so the allocator freed its whole cache, synchronizing the device, and tried again)
-    per second over the window, and per step; with the allocator's reserved and allocated bytes."""
+    per second over the window, and per step; its cudaMalloc and cudaFree calls per step
+    (device_allocs, device_frees); with the allocator's reserved and allocated bytes."""
     mem = [s for s in _window(store, KIND_PROBE_MEMORY, since).get(key, ())
            if type(s.data.get("alloc_retries")) is int and s.data["alloc_retries"] >= 0]
     if len(mem) < 2 or mem[-1].t <= mem[0].t:
@@ -367,6 +368,12 @@ def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
     steps = sig.get("probe.steps_per_s")
     if steps:
         sig.set("probe.alloc_retries_per_step", rate / steps)
+        # the cudaMalloc/cudaFree calls behind them, per step (torch >= 2.1 counts them), over the
+        # readings that carry both ends of the window
+        for field, name in (("device_allocs", "probe.cuda_mallocs_per_step"), ("device_frees", "probe.cuda_frees_per_step")):
+            have = [m for m in mem if type(m.data.get(field)) is int and m.data[field] >= 0]
+            if len(have) >= 2 and have[-1].t > have[0].t and have[-1].data[field] >= have[0].data[field]:
+                sig.set(name, (have[-1].data[field] - have[0].data[field]) / (have[-1].t - have[0].t) / steps)
     last = mem[-1].data
     sig.facts["allocator"] = {k: last.get(k) for k in ("allocated", "reserved", "peak_reserved")
                               if type(last.get(k)) in _NUMBER_TYPES}
