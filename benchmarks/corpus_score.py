@@ -174,7 +174,7 @@ def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> l
             return j.get("primary") or "nothing"
         fixed = row.get("fixed") or {}
         m_fixed = measured("fixed")
-        row["partial_fix"] = bool(wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
+        row["partial_fix"] = bool(fixed and wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
         row["second_pairs"] = []
         for variant, j in (("as_is", row["as_is"]), ("fixed", fixed)):
             m = measured(variant)

@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("job", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    job = [x for x in a.job if x != "--"]
+    job = a.job[1:] if a.job[:1] == ["--"] else a.job   # (only the separator: the job's own "--" stay)
     if not job or not os.path.isfile(job[0]):
         print("kernel_busy: give a job script after '--' (e.g. -- benchmarks/corpus/small_mlp_launch.py)",
               file=sys.stderr)

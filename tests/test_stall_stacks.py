@@ -78,11 +78,11 @@ def test_the_idle_test_alone_finds_the_same_stop(job):
     assert idle[0].t - start <= 3.0 + 2.0 + 3.0   # idle_s, a thread-state window, slack
 
 
-def test_a_hung_dataloader_is_idle_stalled_though_waits_for_busy_workers_are_not(request, tmp_path_factory):
+def test_a_hung_dataloader_whose_workers_sleep_is_idle_stalled_at_next(request, tmp_path_factory):
     """A wait for the DataLoader is progress while its workers are busy on the CPU (the agent's
-    few samples can all land in it: derive/stall.py), and a stop when they are idle: the main
-    thread waits in next() for a batch its sleeping workers never make, and the idle test names
-    it, during the hang only."""
+    few samples can all land in it: derive/stall.py; tests/test_stall_idle.py replays such a job),
+    and a stop when they are idle: the main thread waits in next() for a batch its sleeping
+    workers never make, and the idle test names it, during the hang only."""
     job = stall_job(request, tmp_path_factory, "loader")
     start, end = scene(job, "loader")
     states = of_kind(job["samples"], KIND_STALL, "job")

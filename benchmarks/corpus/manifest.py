@@ -95,7 +95,7 @@ JOBS: tuple[Job, ...] = (
         # parameters on the CPU ... keep the optimizer there [on the GPU]" is this job's fix, the
         # tables with their sparse SGD moved to the GPU (third session of 2026-12-06)
         also=("optimizer_offload",),
-        # the fixed job was judged h2d_copy_bound (+69%): its per-step index copies
+        # the fixed job was judged h2d_copy_bound (+69% on the H200, +58% on an H100): its per-step index copies
         second_flags=("--fixed", "--gpu-batches"),
         second_fix="the tables on the GPU and the batches staged there once"),
     Job("ckpt_every_2s", "nanogpt", "io_stall",

@@ -3,8 +3,9 @@
 interactions and a top MLP on the GPU (bf16 autocast), batch 16384.
 Cause (host_bound): the tables stay on the CPU, so their lookups, backward and sparse SGD update run on
 the main thread between GPU steps. Fix (--fixed): the embedding tables live on the GPU.
-A second fix (--gpu-batches, with --fixed; added after gputop judged the fixed job h2d_copy_bound, +69%:
-its line copying the host batches' indices held 23% of the time while the GPU idled): the batches are
+A second fix (--gpu-batches, with --fixed; added after gputop judged the fixed job h2d_copy_bound, +69% on
+the H200, +58% on an H100: its line copying the host batches' indices held 23% of the time while the GPU
+idled): the batches are
 staged on the GPU once, so the fixed job's remaining host-to-device copies go too.
 """
 
@@ -16,6 +17,9 @@ import torch.nn.functional as F
 
 SECOND_FIX = "the second fix (with --fixed): the batches staged on the GPU once, no host copies per step"
 args = parse(__doc__, lambda p: p.add_argument("--gpu-batches", action="store_true", help=SECOND_FIX))
+if args.gpu_batches and not args.fixed:
+    print("recsys_cpu_embedding: --gpu-batches is the second fix, on top of --fixed: give both", file=sys.stderr)
+    sys.exit(2)
 torch, device = torch_and_device()
 meter = Meter(args.seconds, args.report_every)
 ROWS = pick([3_000_000, 3_000_000, 2_000_000, 2_000_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000], [20_000] * 8)

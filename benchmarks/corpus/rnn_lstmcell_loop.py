@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 SECOND_FIX = "the second fix: the LSTMCell loop's forward, loss and backward in one CUDA graph"
 args = parse(__doc__, lambda p: p.add_argument("--graph-step", action="store_true", help=SECOND_FIX))
+if args.fixed and args.graph_step:
+    print("rnn_lstmcell_loop: --fixed and --graph-step are two fixes: give one", file=sys.stderr)
+    sys.exit(2)
 torch, device = torch_and_device()
 meter = Meter(args.seconds, args.report_every)
 torch.set_float32_matmul_precision("high")  # TF32, as a recipe on Hopper would
