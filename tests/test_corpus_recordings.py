@@ -344,6 +344,7 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
     ["benchmarks/corpus/small_mlp_launch.py", "--seconds", "1", "--fixed", "--graph-step"],   # two fixes at once
     ["benchmarks/corpus/rnn_lstmcell_loop.py", "--seconds", "1", "--fixed", "--graph-step"],
     ["benchmarks/corpus/recsys_cpu_embedding.py", "--seconds", "1", "--gpu-batches"],   # the second fix alone
+    ["-m", "benchmarks", "kernel_busy", "--", "benchmarks/corpus/no_such_job.py"],
     ["-m", "benchmarks", "corpus_run", "OUT", "--jobs", "small_mlp_launch", "--variants", "as_is,seconds"],
 ])
 def test_corpus_tools_refuse_a_bad_command_line_in_one_line(argv, tmp_path):
