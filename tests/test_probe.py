@@ -220,6 +220,8 @@ def test_config_facts(basic_run):
     last = col.last(KIND_PROBE_STEP).data
     assert last["gpu_ms_mean"] is None and "no CUDA" in off_reason(cfg, "cuda_events")
     assert last["syncs_per_step"] is None and "no CUDA" in off_reason(cfg, "syncs")
+    # no kernel trace unless the job's environment asks for one (it costs the job: kernel_sample.py)
+    assert last["kernel_ms_per_step"] is None and "GPUTOP_KERNEL_SAMPLE=1" in last["kernel_off"]
     assert cfg["step_source"] == "optimizer"
     assert cfg["float32_matmul_precision"] in ("highest", "high", "medium")
 
@@ -759,3 +761,20 @@ def test_steps_view_without_a_probe_says_so():
     fixture = ROOT / "tests" / "data" / "host_cpu_demo.gtrec"
     text, _ = _run_app(ReplaySession(str(fixture), start_playing=False), (100, 30), keys=[_steps_view_key()])
     assert "no probe data: this session has no probe source" in " ".join(text.split())
+
+
+def test_a_job_that_asks_for_kernel_samples_gets_cupti_finalized_after_each():
+    """GPUTOP_KERNEL_SAMPLE=1: the probe, loaded before the job's code, sets TEARDOWN_CUPTI=1 for
+    kineto (without it a traced job stayed 17-51% slower once the trace stopped, on an H100), and
+    leaves a value the job chose; without the opt-in it sets nothing."""
+    from gputop.probe.kernel_sample import union_ns
+
+    show = [sys.executable, "-c", "import os; print(os.environ.get('TEARDOWN_CUPTI'))"]
+    for extra, want in (({"GPUTOP_KERNEL_SAMPLE": "1"}, "1"), ({"GPUTOP_KERNEL_SAMPLE": "1", "TEARDOWN_CUPTI": "0"}, "0"),
+                        ({}, "None")):
+        env = {k: v for k, v in os.environ.items() if k not in ("GPUTOP_KERNEL_SAMPLE", "TEARDOWN_CUPTI")}
+        job = launch_with_probe(show, env={**env, **extra}, stdout=subprocess.PIPE, text=True)
+        out, _ = job.communicate(timeout=60)
+        assert out.strip().splitlines()[-1] == want, (extra, out)
+    # the kernels' time is the union of their intervals: overlapping kernels (two streams) once
+    assert union_ns([(0, 10), (5, 20), (30, 40), (32, 35)]) == 30 and union_ns([]) == 0

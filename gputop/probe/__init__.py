@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 
+from gputop.probe import kernel_sample
 from gputop.probe.core import Probe, say
 
 __all__ = ["install", "step", "uninstall", "status"]
@@ -52,6 +53,7 @@ def install(*, dormant: bool | None = None, origin: str = "install") -> Probe | 
                 return None
             if dormant is None:
                 dormant = _is_multiprocessing_child()
+            kernel_sample.prepare_env()   # (before torch loads: kineto reads it)
             probe = Probe(dormant=dormant, origin=origin)
             _PROBE = probe
             setattr(sys, _REGISTRY_ATTR, probe)

@@ -24,6 +24,7 @@ from collections import deque
 from gputop.probe.server import (CONFIG_EVERY_S, IDLE_POLL_S, MAX_MONITORS, MAX_OUTBOX_BYTES,  # noqa: F401
                                  MEMORY_EVERY_S, SYNC_TOP_EVERY_S, WINDOW_S, ProbeServer, _clean_stale_sockets,
                                  _Monitor, _peer_cred)
+from gputop.probe.kernel_sample import KernelSampler
 from gputop.probe.util import _env_int, _mono, say  # noqa: F401 (torch_hooks and __init__ import them from here)
 from gputop.probe.window import MAX_FREE_EVENTS, _WindowState, _why_off  # noqa: F401
 
@@ -45,6 +46,7 @@ class Probe(ProbeServer):
         self.torch = None                  # the torch module, once the job has imported it
         self.torch_hooks = None            # gputop.probe.torch_hooks.TorchHooks
         self.flops = None                  # gputop.probe.flops.FlopCounter (one counted step)
+        self.kernel_sampler = KernelSampler(self)   # a kernel trace now and then, if the job asks
         self.hooks: dict[str, list[str]] = {}   # name -> [state, message]
         self._hooks_version = 0
         self.config_dirty = False          # a hook saw a new setting: send the config this window

@@ -479,6 +479,10 @@ class ProbeServer:
                 th.manage(self)   # CUDA events and sync capture on/off as CUDA comes into use
             except Exception as e:
                 self._note(f"probe could not update its hooks: {type(e).__name__}: {e}")
+            try:
+                self.kernel_sampler.tick(now)   # (a trace, when one is due: it takes WINDOW_S and more)
+            except Exception as e:
+                self._note(f"probe kernel sample failed: {type(e).__name__}: {e}")
             # The window ends after that, so that sync counting turned on just now covers all
             # of the next window (a window counts syncs only if counting covered it from t0).
             now = _mono()

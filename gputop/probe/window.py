@@ -99,6 +99,7 @@ class _WindowState:
             "monitors": len(p._monitors), "dropped_msgs": sum(m.dropped for m in p._monitors),
             "probe_cpu_s": p.thread_cpu_s,
             "flops": p.flops.message() if p.flops is not None else {"off": "torch is not imported (yet)"},
+            "kernel": p.kernel_sampler.message(now),   # the kernels' time per step (kernel_sample.py)
         }
         scaler = getattr(p.torch_hooks, "scaler", None)
         if scaler is not None:

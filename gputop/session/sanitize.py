@@ -72,7 +72,7 @@ SCHEMA: dict[str, dict[str, str]] = {
                                   "peak_reserved rank reserved"),
     "probe_step": _table(dict="step_hist flops_by_dtype collective_ops", str="sync_top flops_dtype flops_off "
                          "collective_top_op collective_off recompile_fn recompile_where recompile_reason "
-                         "compile_off recompile_limit_fn recompile_limit_where",
+                         "compile_off recompile_limit_fn recompile_limit_where kernel_off",
                          bool="flops_varies loss_scale_read"),   # the rest are numbers
     "probe_sync": _table(list="lines", number="rank total"),
     "proc": _table(str="name role state"),                    # the rest are numbers

@@ -92,6 +92,15 @@ METRICS: list[MetricSpec] = [
                "the batches' shapes kept changing: the count is of the latest counted step's shapes", aggregate=False),
     MetricSpec(KIND_PROBE_STEP, "flops_off", "", "FLOPs n/a", "why there is no FLOP count (None when there is)",
                aggregate=False),
+    # The latest kernel trace (gputop/probe/kernel_sample.py; opt-in), repeated in every window.
+    MetricSpec(KIND_PROBE_STEP, "kernel_ms_per_step", "ms", "kernels/step",
+               "the GPU's kernel time per step: the union of the kernels' intervals in a short CUDA trace over "
+               "the steps it saw (GPUTOP_KERNEL_SAMPLE=1)", aggregate=False, prom="probe_kernel_seconds_per_step",
+               prom_help="GPU kernel time per training step from the probe's latest CUDA kernel trace, in seconds."),
+    MetricSpec(KIND_PROBE_STEP, "kernel_sample_age_s", "s", "kernel sample age",
+               "seconds since that trace", aggregate=False),
+    MetricSpec(KIND_PROBE_STEP, "kernel_off", "", "kernels n/a", "why there is no kernel sample (None when there is)",
+               aggregate=False),
     # The counted step's copies between host and GPU (gputop/probe/flops.py), per step, repeated
     # until a re-count: bytes each way, the part from or to pageable host memory, the host time.
     *(MetricSpec(KIND_PROBE_STEP, f"copy_{way}_{what}", unit, f"{way.upper()} {label}",

@@ -130,6 +130,7 @@ def step_data(c, w: dict) -> dict:
         **flops_data(w.get("flops")),
         **compile_data(w),                             # torch.compile's compilations (issue 30)
         **amp_data(c, w),                              # GradScaler's skipped steps (issue 30)
+        **kernel_data(w),                              # the kernels' time per step, from a trace (issue 29)
         **collective_step_data(w, step_n, step_sum),   # DDP/FSDP collectives (issue 17)
     }
 
@@ -156,6 +157,20 @@ def amp_data(c, w: dict) -> dict:
             "skipped_unknown": tot["unknown"] - last["unknown"],
             "loss_scale": scale if scale is not None and scale >= 0 else None,
             "loss_scale_read": bool(f.get("scale_read")) if scale is not None else None}
+
+
+def kernel_data(w: dict) -> dict:
+    """The probe's latest kernel trace (gputop/probe/kernel_sample.py) as probe_step fields: the
+    kernels' time per step (the union of their intervals over the steps the trace saw) and the
+    sample's age, or why there is none."""
+    f = w.get("kernel")
+    if not isinstance(f, dict):
+        return {"kernel_ms_per_step": None, "kernel_sample_age_s": None,
+                "kernel_off": "this probe does not sample kernels (a gputop older than that)"}
+    ms, age = _num(f.get("ms_per_step")), _num(f.get("age_s"))
+    ok = ms is not None and ms > 0 and age is not None and age >= 0
+    return {"kernel_ms_per_step": _r(ms, 4) if ok else None, "kernel_sample_age_s": _r(age, 1) if ok else None,
+            "kernel_off": None if ok else (_str(f.get("off")) or "no kernel sample")}
 
 
 def compile_data(w: dict) -> dict:

@@ -80,6 +80,11 @@ def gpu_busy(sig: Signals) -> float | None:
     return b
 
 
+# causes whose idle share is the kernels' where the probe traced them (probe.kernel_busy, opt-in):
+# a CUDA graph removes the launches and keeps the kernels, so their time is the floor of the step
+# (an H100: ResNet-50 at batch 1, 0.82-0.86 ms of kernels a step, its graph 0.92-0.93 ms; util.gpu
+# read 1.4-1.6 times the kernels' time on such loops)
+KERNEL_TIMED = ("launch_bound",)
 # causes whose cost the probe times on the GPU itself (its signal), over the budget's estimate
 PROBE_TIMED = {"input_bound": "probe.data_idle_share"}
 
@@ -111,6 +116,10 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
         # gain (tv_resnet_workers0: the budget's 86% predicted 7.2x, the probe's 84% 6.3x, the
         # fix measured 6.1x)
         loss = probe_idle
+    kernel_busy = sig.get("probe.kernel_busy") if vid in KERNEL_TIMED else None
+    if kernel_busy is not None:
+        # the kernels' own time, from the probe's trace: util.gpu counts their launch time too
+        idle = 1.0 - kernel_busy
     if idle is not None and vid in COPIES_GO:
         idle = min(1.0, idle + (sig.get("gpu.copy_only") or 0.0))
     if idle is not None and (cat is not None or vid in CAPPED_BY_IDLE):

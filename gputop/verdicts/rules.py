@@ -510,11 +510,15 @@ def launch_bound(sig: Signals) -> Finding | None:
         level=level, lost_share=max(0.0, 1.0 - sm / 100.0),
         confidence=_confidence(conf, _missing(sig, "stacks", "probe", "gpm")),
         evidence={"sm_active_pct": _r(sm), "util_gpu_pct": _r(util), "main_busy_pct": _pct(busy),
-                  "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms"))},
+                  "gpu_time_share_pct": _pct(gpu_share), "step_ms": _r(sig.get("probe.step_ms")),
+                  "kernel_ms_per_step": _r(sig.get("probe.kernel_ms_per_step"), 3),
+                  "kernel_busy_pct": _pct(sig.get("probe.kernel_busy"))},
         advice="Kernels are too small to fill the GPU and the CPU cannot launch them fast enough: "
                "capture the step with CUDA graphs or torch.compile(mode='reduce-overhead'), fuse "
                "small ops, use foreach/fused optimizers, avoid Python loops over tensors, raise the batch size.",
-        summary=f"util.gpu {util:.0f}% but SMs only {sm:.1f}% active; main thread {busy * 100:.0f}% busy on the CPU",
+        summary=f"util.gpu {util:.0f}% but SMs only {sm:.1f}% active; main thread {busy * 100:.0f}% busy on the CPU"
+                + (f"; the kernels run {kb * 100:.0f}% of the step ({sig.get('probe.kernel_ms_per_step'):.2f} ms, traced)"
+                   if (kb := sig.get("probe.kernel_busy")) is not None else ""),
         missing=_missing(sig, "stacks", "probe"))
 
 

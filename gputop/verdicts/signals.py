@@ -290,6 +290,18 @@ def _stack_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.facts["busy_threads"] = [(name, round(r)) for r, name in busy if r >= 20.0][:5]
 
 
+def _kernel_signals(samples, step_ms: float | None, sig: Signals) -> None:
+    """The probe's latest kernel trace (probe_step.kernel_ms_per_step, opt-in): the kernels' time
+    per step, and their share of the window's mean step (``probe.kernel_busy``: the GPU's busy
+    share as its kernels make it, where util.gpu counts their launch time too; at most 1)."""
+    last = next((s for s in reversed(samples) if type(s.get("kernel_ms_per_step")) in _NUMBER_TYPES), None)
+    if last is None or not step_ms or last.get("kernel_ms_per_step") <= 0:
+        return
+    ms = float(last.get("kernel_ms_per_step"))
+    sig.set("probe.kernel_ms_per_step", ms)
+    sig.set("probe.kernel_busy", min(1.0, ms / step_ms))
+
+
 def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) -> None:
     steps = _window(store, KIND_PROBE_STEP, since)
     if pid is not None:
@@ -341,6 +353,7 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     sig.set("probe.data_idle_share", pool.data_idle_share)
     sig.set("probe.gpu_share", pool.gpu_share)
     sig.set("probe.syncs_per_step", pool.syncs_per_timed_step)
+    _kernel_signals(samples, pool.step_ms_mean, sig)
     _collective_signals(samples, sig)
     cfg = store.latest(KIND_PROBE_CONFIG, key)
     if cfg is not None:

@@ -1,0 +1,159 @@
+"""The GPU's kernel time per step, from a short CUDA kernel trace (opt-in: ``GPUTOP_KERNEL_SAMPLE=1``).
+
+Why: util.gpu counts a kernel's GPU-side launch time as busy, so on a loop of many tiny kernels
+it reads 1.4-1.6 times their own time (docs/benchmarks.md, "Fifth session of 2026-12-06"), and
+``launch_bound``'s gain -- what a CUDA graph would win -- comes out short. A CUPTI trace of the
+job's kernels (torch.profiler's kineto, CUDA activity only) measures their time: on an H100 it
+put the ResNet-50 batch-1 loop at 0.82-0.86 ms of kernels a step, within 10% of the step its
+CUDA graph reached.
+
+What it costs, measured there (``benchmarks/kernel_busy.py``): while a trace runs, a launch-bound
+job launches a third to half as fast (CUPTI records each launch); stopping and reading it takes
+0.2-1.1 s in the job's process (one CUDA-graph job lost ~1.3 s of steps per trace); and unless
+CUPTI is finalized when the trace stops, the job stays 17-51% slower afterwards. So: off unless
+the job's environment asks for it (``GPUTOP_KERNEL_SAMPLE=1``), ``TEARDOWN_CUPTI=1`` set for
+kineto when it does (``install`` sets it before torch loads, unless the job set it), one trace
+of ``WINDOW_S`` once training has settled (``START_STEPS`` steps and ``START_S`` seconds after a
+monitor attached), again every ``EVERY_S``; never while another profiler is on, never on CUDA
+before 12.6 (CUPTI re-initialised after a teardown crashes where CUDA graphs are used, torch
+says), never without a monitor.
+
+The trace is started and stopped on the probe thread (CUPTI records every thread's kernels); the
+training thread is never called. The message (``kernel`` in each window, gputop/probe/window.py)
+carries the latest sample: the union of the kernels' intervals divided by the steps the job made
+in the trace, its age, or why there is none.
+
+Imports: the standard library only (torch is handed in by torch_hooks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+ENV = "GPUTOP_KERNEL_SAMPLE"
+WINDOW_S = 0.3          # one trace this long
+START_STEPS = 20        # ... once the job has made this many steps since a monitor attached
+START_S = 8.0           # ... and this long since then (warm-up: autotuning, allocator growth)
+EVERY_S = 600.0         # and again this often
+MIN_CUDA = (12, 6)      # CUPTI teardown and re-init with CUDA graphs crash before this (torch's profiler)
+COPY_PREFIXES = ("Memcpy", "Memset")   # a trace's copy and memset records: not kernels
+
+
+def wanted(env=None) -> bool:
+    """Whether the job's environment asks for kernel samples."""
+    return (os.environ if env is None else env).get(ENV, "") == "1"
+
+
+def prepare_env(env=None) -> None:
+    """Before torch loads: let kineto finalize CUPTI when a trace stops (or the job stays slower
+    afterwards), unless the job chose otherwise."""
+    env = os.environ if env is None else env
+    if wanted(env):
+        env.setdefault("TEARDOWN_CUPTI", "1")
+
+
+def union_ns(spans: list[tuple[int, int]]) -> int:
+    """The length of the union of [start, end) intervals, in their unit."""
+    total, end = 0, None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _cuda_too_old(torch) -> str | None:
+    v = getattr(getattr(torch, "version", None), "cuda", None)
+    try:
+        major, minor = (int(x) for x in str(v).split(".")[:2])
+    except ValueError:
+        return f"CUDA {v!r}: no version to check"
+    if (major, minor) < MIN_CUDA:
+        return f"CUDA {v} is older than 12.6: CUPTI re-initialised after a trace crashes where CUDA graphs are used"
+    return None
+
+
+def _profiler_on(torch) -> bool:
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:
+        return False
+
+
+class KernelSampler:
+    """One per probe, driven from the probe thread's tick."""
+
+    def __init__(self, probe) -> None:
+        self.p = probe
+        self.on = wanted()
+        self.off = None if self.on else f"off: set {ENV}=1 in the job's environment to sample the kernels' time"
+        self.result: dict | None = None     # the latest sample
+        self.next_at: float | None = None   # when the next trace may start (monotonic)
+        self.start_steps: int | None = None
+
+    def tick(self, now: float) -> None:
+        p = self.p
+        if not self.on:
+            return
+        if not p.monitoring:
+            self.next_at = self.start_steps = None   # (a new monitor: training settles again first)
+            return
+        if not p.cuda_events_on:   # (CUDA in use and the probe thread bound to the job's device)
+            self.off = "the job has not used CUDA yet" if self.result is None else self.off
+            return
+        if self.next_at is None:
+            self.next_at, self.start_steps = now + START_S, p.step_total + START_STEPS
+            return
+        if now < self.next_at or p.step_total < self.start_steps:
+            return
+        self.next_at = now + EVERY_S
+        try:
+            self._sample(now)
+        except Exception as e:
+            self.on = False
+            self.off = f"failed: {type(e).__name__}: {e}"
+            p.hook_failed("kernel_sample", e)
+
+    def _sample(self, now: float) -> None:
+        torch = self.p.torch
+        why = _cuda_too_old(torch)
+        if why is None and _profiler_on(torch):
+            why = "another profiler is on in the job"
+        if why is not None:
+            self.off = why
+            return
+        from torch.autograd.profiler import profile   # (torch is the job's: already imported)
+
+        prof = profile(use_kineto=True, use_cpu=False, use_device="cuda")
+        steps0 = self.p.step_total
+        t0 = time.monotonic()
+        prof.__enter__()
+        try:
+            time.sleep(WINDOW_S)
+        finally:
+            steps = self.p.step_total - steps0
+            t1 = time.monotonic()
+            prof.__exit__(None, None, None)
+        spans = []
+        cuda = torch.autograd.DeviceType.CUDA
+        for e in prof.kineto_results.events():
+            if e.device_type() == cuda and not e.name().startswith(COPY_PREFIXES):
+                spans.append((e.start_ns(), e.start_ns() + e.duration_ns()))
+        if steps < 1 or not spans:
+            self.off = f"the trace saw {steps} steps and {len(spans)} kernels in {t1 - t0:.2f} s"
+            return
+        self.off = None
+        self.result = {"ms_per_step": union_ns(spans) / 1e6 / steps, "steps": steps, "kernels": len(spans),
+                       "window_s": round(t1 - t0, 3), "at": now, "cost_s": round(time.monotonic() - t0, 3)}
+
+    def message(self, now: float) -> dict:
+        """The window's ``kernel`` field: the latest sample (its age in seconds), or why none."""
+        r = self.result
+        if r is None:
+            return {"off": self.off}
+        return {"ms_per_step": round(r["ms_per_step"], 4), "steps": r["steps"], "kernels": r["kernels"],
+                "window_s": r["window_s"], "cost_s": r["cost_s"], "age_s": round(now - r["at"], 1), "off": None}
