@@ -41,7 +41,7 @@ def test_a_counter_that_goes_back_or_is_not_a_count_gives_no_rate():
 
 
 def test_cuda_malloc_and_free_calls_become_rates_per_step_in_the_evidence():
-    """torch >= 2.1 counts the allocator's cudaMalloc/cudaFree calls (memory_stats' num_device_alloc,
+    """torch (2.13; not 2.11) counts the allocator's cudaMalloc/cudaFree calls (memory_stats' num_device_alloc,
     num_device_free): a steady job makes none once its cache is built, a thrashing one some every
     step. 12 mallocs a second at 4 steps a second: 3 a step."""
     sig = build_signals(_store([0, 10, 20, 30, 40, 50], [100, 112, 124, 136, 148, 160]), 5.5)

@@ -436,7 +436,7 @@ class TorchHooks(SyncCapture):
                 "allocated": s.get("allocated_bytes.all.current"), "reserved": s.get("reserved_bytes.all.current"),
                 "peak_allocated": s.get("allocated_bytes.all.peak"), "peak_reserved": s.get("reserved_bytes.all.peak"),
                 "alloc_retries": s.get("num_alloc_retries"), "ooms": s.get("num_ooms"),
-                # cudaMalloc/cudaFree calls (torch >= 2.1; with expandable segments, cuMemMap/Unmap):
+                # cudaMalloc/cudaFree calls (where torch counts them: 2.13, not 2.11; cuMemMap/Unmap when expandable):
                 # a steady job makes none once its cache is built; a thrashing one, some every step
                 "device_allocs": s.get("num_device_alloc"), "device_frees": s.get("num_device_free")}
 

@@ -381,7 +381,7 @@ def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
     steps = sig.get("probe.steps_per_s")
     if steps:
         sig.set("probe.alloc_retries_per_step", rate / steps)
-        # the cudaMalloc/cudaFree calls behind them, per step (torch >= 2.1 counts them), over the
+        # the cudaMalloc/cudaFree calls behind them, per step (where torch counts them: 2.13 does, 2.11 not), over the
         # readings that carry both ends of the window
         for field, name in (("device_allocs", "probe.cuda_mallocs_per_step"), ("device_frees", "probe.cuda_frees_per_step")):
             have = [m for m in mem if type(m.data.get(field)) is int and m.data[field] >= 0]
