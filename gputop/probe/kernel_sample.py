@@ -13,7 +13,8 @@ job launches a third to half as fast (CUPTI records each launch); stopping and r
 CUPTI is finalized when the trace stops, the job stays 17-51% slower afterwards. So: off unless
 the job's environment asks for it (``GPUTOP_KERNEL_SAMPLE=1``), ``TEARDOWN_CUPTI=1`` set for
 kineto when it does (``install`` sets it before torch loads, unless the job set it), one trace
-of ``WINDOW_S`` once training has settled (``START_STEPS`` steps and ``START_S`` seconds after a
+(step boundary to step boundary, ``WINDOW_S`` and ``MIN_STEPS`` at least, ``MAX_WINDOW_S``
+at most) once training has settled (``START_STEPS`` steps and ``START_S`` seconds after a
 monitor attached), again every ``EVERY_S``; never while another profiler is on, never on CUDA
 before 12.6 (CUPTI re-initialised after a teardown crashes where CUDA graphs are used, torch
 says), never without a monitor.
@@ -32,7 +33,10 @@ import os
 import time
 
 ENV = "GPUTOP_KERNEL_SAMPLE"
-WINDOW_S = 0.3          # one trace this long
+WINDOW_S = 0.3          # one trace at least this long ...
+MIN_STEPS = 10          # ... and over at least this many steps (a step's edge is 1/10 of the count) ...
+MAX_WINDOW_S = 2.0      # ... but never longer than this
+POLL_S = 0.005          # how often the probe thread looks at the step counter meanwhile
 START_STEPS = 20        # ... once the job has made this many steps since a monitor attached
 START_S = 8.0           # ... and this long since then (warm-up: autotuning, allocator growth)
 EVERY_S = 600.0         # and again this often
@@ -128,16 +132,30 @@ class KernelSampler:
             return
         from torch.autograd.profiler import profile   # (torch is the job's: already imported)
 
+        p = self.p
         prof = profile(use_kineto=True, use_cpu=False, use_device="cuda")
-        steps0 = self.p.step_total
+        # from just after a step boundary to just after another, MIN_STEPS or more later: the
+        # kernels traced are those of whole steps, but for the trace's start-up and the poll
         t0 = time.monotonic()
+        first = p.step_total
+        while p.step_total == first and time.monotonic() - t0 < MAX_WINDOW_S:
+            time.sleep(POLL_S)
         prof.__enter__()
         try:
-            time.sleep(WINDOW_S)
-        finally:
-            steps = self.p.step_total - steps0
+            steps0, t_on = p.step_total, time.monotonic()
+            while True:
+                time.sleep(POLL_S)
+                n, now_s = p.step_total - steps0, time.monotonic() - t_on
+                if (n >= MIN_STEPS and now_s >= WINDOW_S) or now_s >= MAX_WINDOW_S:
+                    break
+            last = p.step_total
+            while p.step_total == last and time.monotonic() - t_on < MAX_WINDOW_S:
+                time.sleep(POLL_S)
+            steps = p.step_total - steps0
             t1 = time.monotonic()
+        finally:
             prof.__exit__(None, None, None)
+        t0 = t_on
         spans = []
         cuda = torch.autograd.DeviceType.CUDA
         for e in prof.kineto_results.events():
