@@ -1,0 +1,44 @@
+"""The probe's kernel trace as the verdicts read it (probe_step.kernel_ms_per_step, opt-in:
+gputop/probe/kernel_sample.py): the kernels' share of the window's mean step, and launch_bound's
+idle share taken from it instead of util.gpu's. No CUDA here: the trace itself was measured on an
+H100 (benchmarks/kernel_busy.py, docs/benchmarks.md "Fifth session of 2026-12-06"); the numbers
+below are that call's ResNet-50 at batch 1 (3.19 ms steps, 0.83 ms of kernels a step, util.gpu
+~30%)."""
+
+from __future__ import annotations
+
+from gputop.model import Sample
+from gputop.session.store import SampleStore
+from gputop.verdicts.causal import causal_loss, fix_gain
+from gputop.verdicts.signals import Signals, build_signals
+
+
+def _store(kernel_ms) -> SampleStore:
+    store = SampleStore()
+    for i in range(6):
+        # a probe window's sums, as the probe sends them: 314 steps of 3.185 ms in its 1 s
+        data = {"step_n": 314, "steps": 314, "window_s": 1.0, "step_s_sum": 314 * 0.003185,
+                "kernel_ms_per_step": kernel_ms if i >= 3 else None}
+        store.on_samples([Sample(float(i), "probe_step", "100", data)])
+    return store
+
+
+def test_the_kernels_share_of_the_step_sets_launch_bounds_idle_share():
+    sig = build_signals(_store(0.8345), 5.5)
+    assert abs(sig.get("probe.kernel_ms_per_step") - 0.8345) < 1e-9
+    assert abs(sig.get("probe.kernel_busy") - 0.8345 / 3.185) < 1e-6
+    sig.set("gpu.util_gpu", 30.0)   # util.gpu's view: busy 30%, idle 70% -> +233%
+    loss = causal_loss("launch_bound", 0.96, sig)
+    assert abs(loss - (1 - 0.8345 / 3.185)) < 1e-6
+    assert abs(fix_gain(loss) - (3.185 / 0.8345 - 1)) < 1e-6   # +282%: the graph measured +246% there
+    # only launch_bound reads it: another cause keeps util.gpu's idle share as its cap
+    assert abs(causal_loss("sync_stall", 0.96, sig) - 0.70) < 1e-9
+
+
+def test_without_a_trace_util_gpu_sets_it_and_a_bad_value_is_none():
+    for value in (None, 0.0, -1.0, "x", True):
+        sig = build_signals(_store(value), 5.5)
+        assert sig.get("probe.kernel_busy") is None, value
+    sig = Signals(now=0.0, window_s=10.0)
+    sig.set("gpu.util_gpu", 30.0)
+    assert abs(causal_loss("launch_bound", 0.96, sig) - 0.70) < 1e-9
