@@ -31,6 +31,8 @@ RUN_H200_30 = ROOT / "benchmarks" / "results" / "h200-issue30-1206b" / "h200"   
 # second fixes (the manifest's second_flags), each job's three variants in one call on an H100
 # (2026-12-06, fourth session): not in the score, whose fix is the label's
 RUN_SECOND = ROOT / "benchmarks" / "results" / "h100-second-fix-1206c" / "h200"
+# the MLP's three variants and the ResNet's two under GPUTOP_KERNEL_SAMPLE=1 (the probe's kernel trace), one H100 call
+RUN_KERNELS = ROOT / "benchmarks" / "results" / "h100-kernel-sample-1206f"
 
 # the right primary as it is (a healthy job: no cause predicting > 10%) ...
 RIGHT = {"accelerate_gpu_bound", "eval_every_5s", "lightning_resnet_pin", "memory_bound_elementwise",
@@ -251,6 +253,28 @@ def test_a_second_fix_that_removes_just_the_launches_gains_what_launch_bound_pre
     assert rows["small_mlp_launch"]["partial_fix"] and not rows["rnn_lstmcell_loop"]["partial_fix"]
     assert [p[2] for p in rows["small_mlp_launch"]["second_pairs"]] == [True, True]
     assert [p[2] for p in rows["rnn_lstmcell_loop"]["second_pairs"]] == [True]
+
+
+def test_a_kernel_trace_sets_the_launch_gain_at_the_floor_a_cuda_graph_reaches():
+    """With GPUTOP_KERNEL_SAMPLE=1 the probe traced the MLP's kernels once (0.95 ms a step, the same
+    GPU work in all three variants), and launch_bound's idle share became the kernels' rather than
+    util.gpu's: +671% predicted where the one-graph fix measured +620% in the same call (util.gpu's
+    share gave +411% against +566% before). The ResNet's inference loop takes no optimizer step,
+    so the probe saw no step and traced nothing: its gain stays util.gpu's."""
+    from gputop.report import build_report
+
+    lines = (RUN_KERNELS / "corpus" / "results.jsonl").read_text().splitlines()
+    rates = {(r["job"], r["variant"]): r["steps_per_s"] for r in map(json.loads, lines)}
+    reps = {v: build_report(str(RUN_KERNELS / "corpus" / f"small_mlp_launch-{v}.gtrec")) for v in ("as_is", "fixed")}
+    for rep in reps.values():
+        ev = rep["verdicts"]["launch_bound"]["evidence"]
+        assert 0.9 < ev["kernel_ms_per_step"] < 1.0 and ev["kernel_busy_pct"] < ev["util_gpu_pct"], ev
+    measured = rates["small_mlp_launch", "second"] / rates["small_mlp_launch", "as_is"] - 1.0
+    predicted = reps["as_is"]["primary_verdict"]["gain_pct"] / 100.0
+    assert reps["as_is"]["primary_verdict"]["id"] == "launch_bound" and abs(predicted - measured) <= 0.3 * measured
+    resnet = build_report(str(RUN_KERNELS / "corpus" / "tv_resnet_batch1_infer-as_is.gtrec"))
+    assert resnet["primary_verdict"]["id"] == "launch_bound"
+    assert resnet["verdicts"]["launch_bound"]["evidence"].get("kernel_ms_per_step") is None
 
 
 def test_copies_cost_no_more_than_the_host_time_the_probe_counted_for_them():

@@ -107,7 +107,10 @@ class KernelSampler:
             self.next_at = self.start_steps = None   # (a new monitor: training settles again first)
             return
         if not p.cuda_events_on:   # (CUDA in use and the probe thread bound to the job's device)
-            self.off = "the job has not used CUDA yet" if self.result is None else self.off
+            if self.result is None:
+                self.off = ("no training step seen: the trace's kernels are counted per step (an optimizer "
+                            "step, or gputop.probe.step() in a loop without one)" if not p.step_total
+                            else "the probe's CUDA timing is off (the Steps view's hooks say why)")
             return
         if self.next_at is None:
             self.next_at, self.start_steps = now + START_S, p.step_total + START_STEPS
