@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from gputop.model import Sample
 from gputop.session.store import SampleStore
-from gputop.verdicts.causal import causal_loss, fix_gain
+from gputop.verdicts.causal import busy_for, causal_loss, fix_gain
 from gputop.verdicts.signals import Signals, build_signals
 
 
-def _store(kernel_ms) -> SampleStore:
+def _store(kernel_ms, age_s: float = 5.0) -> SampleStore:
     store = SampleStore()
     for i in range(6):
         # a probe window's sums, as the probe sends them: 314 steps of 3.185 ms in its 1 s
         data = {"step_n": 314, "steps": 314, "window_s": 1.0, "step_s_sum": 314 * 0.003185,
-                "kernel_ms_per_step": kernel_ms if i >= 3 else None}
+                "kernel_ms_per_step": kernel_ms if i >= 3 else None,
+                "kernel_sample_age_s": age_s + i if i >= 3 else None}
         store.on_samples([Sample(float(i), "probe_step", "100", data)])
     return store
 
@@ -33,6 +34,14 @@ def test_the_kernels_share_of_the_step_sets_launch_bounds_idle_share():
     assert abs(fix_gain(loss) - (3.185 / 0.8345 - 1)) < 1e-6   # +282%: the graph measured +246% there
     # only launch_bound reads it: another cause keeps util.gpu's idle share as its cap
     assert abs(causal_loss("sync_stall", 0.96, sig) - 0.70) < 1e-9
+    # and the busy gate (90%) too: util.gpu at 95% hides no launch-bound loop whose kernels run 26%
+    sig.set("gpu.util_gpu", 95.0)
+    assert abs(busy_for("launch_bound", sig) - 0.8345 / 3.185) < 1e-6 and busy_for("sync_stall", sig) == 0.95
+
+
+def test_a_trace_older_than_twenty_minutes_is_not_read():
+    assert build_signals(_store(0.8345, age_s=1500.0), 5.5).get("probe.kernel_busy") is None
+    assert build_signals(_store(0.8345, age_s=600.0), 5.5).get("probe.kernel_busy") is not None
 
 
 def test_without_a_trace_util_gpu_sets_it_and_a_bad_value_is_none():

@@ -778,3 +778,45 @@ def test_a_job_that_asks_for_kernel_samples_gets_cupti_finalized_after_each():
         assert out.strip().splitlines()[-1] == want, (extra, out)
     # the kernels' time is the union of their intervals: overlapping kernels (two streams) once
     assert union_ns([(0, 10), (5, 20), (30, 40), (32, 35)]) == 30 and union_ns([]) == 0
+
+
+def test_the_kernel_sampler_sees_a_profiler_another_thread_started_and_never_leaves_one_on():
+    """Two profilers at once crashed a process: the sampler (on the probe thread) must see one the
+    job's thread started (torch's per-thread flag does not), and after a trace that failed it must
+    switch its own off."""
+    import threading
+
+    import torch
+
+    from gputop.probe.kernel_sample import _disable_if_on, _profiler_on, _span
+
+    started, release = threading.Event(), threading.Event()
+
+    def job():
+        with torch.autograd.profiler.profile():
+            started.set()
+            release.wait(30)
+
+    t = threading.Thread(target=job)
+    t.start()
+    try:
+        assert started.wait(30)
+        assert _profiler_on(torch)
+    finally:
+        release.set()
+        t.join(30)
+    assert not _profiler_on(torch)
+    # a trace this thread started and never stopped (its stop raised) is switched off
+    prof = torch.autograd.profiler.profile()
+    prof.__enter__()
+    assert torch._C._autograd._profiler_enabled()
+    _disable_if_on(torch)
+    assert not torch._C._autograd._profiler_enabled() and not _profiler_on(torch)
+
+    class OldEvent:   # a torch whose kineto events count in microseconds
+        def start_us(self):
+            return 7
+
+        def duration_us(self):
+            return 3
+    assert _span(OldEvent()) == (7000, 10000)

@@ -9,15 +9,17 @@ CUDA graph reached.
 
 What it costs, measured there (``benchmarks/kernel_busy.py``): while a trace runs, a launch-bound
 job launches a third to half as fast (CUPTI records each launch); stopping and reading it takes
-0.2-1.1 s in the job's process (one CUDA-graph job lost ~1.3 s of steps per trace); and unless
+0.3-1.4 s in the job's process (one CUDA-graph job lost ~1.3 s of steps per trace); and unless
 CUPTI is finalized when the trace stops, the job stays 17-51% slower afterwards. So: off unless
 the job's environment asks for it (``GPUTOP_KERNEL_SAMPLE=1``), ``TEARDOWN_CUPTI=1`` set for
 kineto when it does (``install`` sets it before torch loads, unless the job set it), one trace
 (step boundary to step boundary, ``WINDOW_S`` and ``MIN_STEPS`` at least, ``MAX_WINDOW_S``
 at most) once training has settled (``START_STEPS`` steps and ``START_S`` seconds after a
-monitor attached), again every ``EVERY_S``; never while another profiler is on, never on CUDA
-before 12.6 (CUPTI re-initialised after a teardown crashes where CUDA graphs are used, torch
-says), never without a monitor.
+monitor attached), again every ``EVERY_S`` (however often monitors come and go); never while
+another profiler is on, never once torch.compile is in use, never on CUDA before 12.6 (CUPTI
+re-initialised after a teardown crashes where CUDA graphs are used, torch says), never without a
+monitor. A trace starts on a step boundary seen within ``BOUNDARY_WAIT_S`` and counts only if it
+ends on one; a start or stop that raises switches the profiler off (``_disable_if_on``).
 
 The trace is started and stopped on the probe thread (CUPTI records every thread's kernels); the
 training thread is never called. The message (``kernel`` in each window, gputop/probe/window.py)
@@ -37,6 +39,7 @@ WINDOW_S = 0.3          # one trace at least this long ...
 MIN_STEPS = 10          # ... and over at least this many steps (a step's edge is 1/10 of the count) ...
 MAX_WINDOW_S = 2.0      # ... but never longer than this
 POLL_S = 0.005          # how often the probe thread looks at the step counter meanwhile
+BOUNDARY_WAIT_S = 1.0   # no step boundary this long before a trace: none this time
 START_STEPS = 20        # ... once the job has made this many steps since a monitor attached
 START_S = 8.0           # ... and this long since then (warm-up: autotuning, allocator growth)
 EVERY_S = 600.0         # and again this often
@@ -82,10 +85,41 @@ def _cuda_too_old(torch) -> str | None:
 
 
 def _profiler_on(torch) -> bool:
+    """Whether a profiler is on in the job: torch's module flag (set by any thread's profile) or
+    this thread's state (``_profiler_enabled`` reads only the calling thread's; two profilers at
+    once crashed a process)."""
+    prof = getattr(getattr(torch, "autograd", None), "profiler", None)
+    if getattr(prof, "_is_profiler_enabled", False):
+        return True
     try:
         return bool(torch._C._autograd._profiler_enabled())
     except Exception:
         return False
+
+
+def _disable_if_on(torch) -> None:
+    """After a failed start or stop: never leave CUPTI tracing the job."""
+    try:
+        if torch._C._autograd._profiler_enabled():
+            torch.autograd.profiler._disable_profiler()
+            # (and torch's module flag our profile set on entering: its exit never ran)
+            reset = getattr(torch.autograd.profiler, "_set_is_profiler_enabled", None)
+            if reset is not None:
+                reset(False)
+    except Exception:
+        pass
+
+
+def _span(e) -> tuple[int, int] | None:
+    """A kineto event's [start, end) in ns (``*_us`` on torch that has no ``*_ns``)."""
+    try:
+        if hasattr(e, "start_ns"):
+            start, dur = e.start_ns(), e.duration_ns()
+        else:
+            start, dur = e.start_us() * 1000, e.duration_us() * 1000
+    except Exception:
+        return None
+    return (start, start + dur) if dur >= 0 else None
 
 
 class KernelSampler:
@@ -98,13 +132,14 @@ class KernelSampler:
         self.result: dict | None = None     # the latest sample
         self.next_at: float | None = None   # when the next trace may start (monotonic)
         self.start_steps: int | None = None
+        self.last_at: float | None = None   # the last trace tried: at most one every EVERY_S, monitors or not
 
     def tick(self, now: float) -> None:
         p = self.p
         if not self.on:
             return
         if not p.monitoring:
-            self.next_at = self.start_steps = None   # (a new monitor: training settles again first)
+            self.next_at = self.start_steps = None   # (a new monitor: training settles again first ...)
             return
         if not p.cuda_events_on:   # (CUDA in use and the probe thread bound to the job's device)
             if self.result is None:
@@ -113,11 +148,14 @@ class KernelSampler:
                             else "the probe's CUDA timing is off (the Steps view's hooks say why)")
             return
         if self.next_at is None:
-            self.next_at, self.start_steps = now + START_S, p.step_total + START_STEPS
+            # (... and a monitor that reconnects gets no trace sooner than EVERY_S after the last)
+            self.next_at = max(now + START_S, (self.last_at or -EVERY_S) + EVERY_S)
+            self.start_steps = p.step_total + START_STEPS
             return
         if now < self.next_at or p.step_total < self.start_steps:
             return
         self.next_at = now + EVERY_S
+        self.last_at = now
         try:
             self._sample(now)
         except Exception as e:
@@ -127,43 +165,61 @@ class KernelSampler:
 
     def _sample(self, now: float) -> None:
         torch = self.p.torch
+        p = self.p
         why = _cuda_too_old(torch)
         if why is None and _profiler_on(torch):
-            why = "another profiler is on in the job"
+            why = "another profiler is on in the job (two at once crashed a process)"
+        if why is None and getattr(p.torch_hooks, "compile_count", 0):
+            # (its CUDA graphs may be re-recorded at any step, and stopping a trace synchronizes
+            # the device from this thread: a capture in progress would break)
+            why = "torch.compile is in use: its CUDA graphs may be recorded again at any step"
         if why is not None:
             self.off = why
             return
-        from torch.autograd.profiler import profile   # (torch is the job's: already imported)
-
-        p = self.p
-        prof = profile(use_kineto=True, use_cpu=False, use_device="cuda")
+        stop = p._stop
         # from just after a step boundary to just after another, MIN_STEPS or more later: the
         # kernels traced are those of whole steps, but for the trace's start-up and the poll
         t0 = time.monotonic()
         first = p.step_total
-        while p.step_total == first and time.monotonic() - t0 < MAX_WINDOW_S:
+        while p.step_total == first and time.monotonic() - t0 < BOUNDARY_WAIT_S and not stop.is_set():
             time.sleep(POLL_S)
-        prof.__enter__()
+        if p.step_total == first or stop.is_set():
+            self.off = f"no step boundary within {BOUNDARY_WAIT_S:.0f} s: no trace this time (a pause in stepping)"
+            return
+        prof = torch.autograd.profiler.profile(use_kineto=True, use_cpu=False, use_device="cuda")
+        ended = False
         try:
+            prof.__enter__()
             steps0, t_on = p.step_total, time.monotonic()
-            while True:
+            while not stop.is_set():
                 time.sleep(POLL_S)
                 n, now_s = p.step_total - steps0, time.monotonic() - t_on
                 if (n >= MIN_STEPS and now_s >= WINDOW_S) or now_s >= MAX_WINDOW_S:
                     break
             last = p.step_total
-            while p.step_total == last and time.monotonic() - t_on < MAX_WINDOW_S:
+            while p.step_total == last and time.monotonic() - t_on < MAX_WINDOW_S and not stop.is_set():
                 time.sleep(POLL_S)
+            ended = p.step_total != last   # (on a boundary: no partial step's kernels counted)
             steps = p.step_total - steps0
             t1 = time.monotonic()
-        finally:
             prof.__exit__(None, None, None)
+        finally:
+            _disable_if_on(torch)   # (a start or a stop that raised: CUPTI must not stay on)
         t0 = t_on
+        if not ended:
+            self.off = f"the trace did not end on a step boundary within {MAX_WINDOW_S:.0f} s: not counted"
+            return
         spans = []
-        cuda = torch.autograd.DeviceType.CUDA
+        cuda, dev = torch.autograd.DeviceType.CUDA, p.cuda_device
         for e in prof.kineto_results.events():
-            if e.device_type() == cuda and not e.name().startswith(COPY_PREFIXES):
-                spans.append((e.start_ns(), e.start_ns() + e.duration_ns()))
+            if e.device_type() != cuda or e.name().startswith(COPY_PREFIXES):
+                continue
+            idx = getattr(e, "device_index", None)
+            if dev is not None and callable(idx) and idx() != dev:
+                continue   # (another GPU of the process: the step's time is this device's)
+            span = _span(e)
+            if span is not None:
+                spans.append(span)
         if steps < 1 or not spans:
             self.off = f"the trace saw {steps} steps and {len(spans)} kernels in {t1 - t0:.2f} s"
             return

@@ -85,6 +85,15 @@ def gpu_busy(sig: Signals) -> float | None:
 # (an H100: ResNet-50 at batch 1, 0.82-0.86 ms of kernels a step, its graph 0.92-0.93 ms; util.gpu
 # read 1.4-1.6 times the kernels' time on such loops)
 KERNEL_TIMED = ("launch_bound",)
+def busy_for(vid: str, sig: Signals) -> float | None:
+    """The GPU busy share a cause is judged against (its idle cap, and the BUSY_GATE): the
+    kernels' share of the step where the probe traced them, for ``KERNEL_TIMED`` causes; else the
+    window's (``gpu_busy``). One home: the gate's note and the evidence say the same figure."""
+    if vid in KERNEL_TIMED and sig.get("probe.kernel_busy") is not None:
+        return sig.get("probe.kernel_busy")
+    return gpu_busy(sig)
+
+
 # causes whose cost the probe times on the GPU itself (its signal), over the budget's estimate
 PROBE_TIMED = {"input_bound": "probe.data_idle_share"}
 
@@ -116,7 +125,7 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
         # gain (tv_resnet_workers0: the budget's 86% predicted 7.2x, the probe's 84% 6.3x, the
         # fix measured 6.1x)
         loss = probe_idle
-    kernel_busy = sig.get("probe.kernel_busy") if vid in KERNEL_TIMED else None
+    kernel_busy = busy_for(vid, sig) if vid in KERNEL_TIMED else None
     if kernel_busy is not None:
         # the kernels' own time, from the probe's trace: util.gpu counts their launch time too
         idle = 1.0 - kernel_busy

@@ -21,8 +21,8 @@ from gputop.derive.budget import budget_text
 from gputop.derive.phases import ENDED, EVALUATION, JUDGED, STARTUP, WARMUP
 from gputop.model import Sample
 from gputop.verdicts.budget_rules import FRAMEWORK_CPU_SHARE
-from gputop.verdicts.causal import (BUSY_GATE, MIN_TIMED_LOSS, NO_GAIN, NOT_GATED, URGENT, causal_loss, fix_gain,
-                                    gpu_busy, timed_loss)
+from gputop.verdicts.causal import (BUSY_GATE, MIN_TIMED_LOSS, NO_GAIN, NOT_GATED, URGENT, busy_for, causal_loss,
+                                    fix_gain, timed_loss)
 from gputop.verdicts.compile_rules import RECOMPILES_EXPLAIN
 from gputop.verdicts.finding import Finding, VerdictState
 from gputop.verdicts.registry import specs
@@ -154,10 +154,10 @@ class VerdictEngine:
         """Every cause-naming finding's lost share is the GPU time it cost (verdicts/causal.py),
         with the gain its fix would bring; on a GPU busy BUSY_GATE of the time or more, a cause
         that holds becomes a note instead of a verdict."""
-        busy = gpu_busy(sig)
         for vid, f in list(found.items()):
             if vid in NOT_A_CAUSE or vid in URGENT or vid in NO_GAIN:
                 continue
+            busy = busy_for(vid, sig)
             loss = causal_loss(vid, f.lost_share, sig)
             gain = fix_gain(loss)
             timed = timed_loss(vid, sig)

@@ -56,6 +56,7 @@ class Signals:
 
 
 _NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
+KERNEL_SAMPLE_STALE_S = 1200.0   # a kernel trace older than this is not read (twice the probe's EVERY_S)
 
 
 def _total(nums: list) -> float:
@@ -297,6 +298,9 @@ def _kernel_signals(samples, step_ms: float | None, sig: Signals) -> None:
     last = next((s for s in reversed(samples) if type(s.get("kernel_ms_per_step")) in _NUMBER_TYPES), None)
     if last is None or not step_ms or last.get("kernel_ms_per_step") <= 0:
         return
+    age = last.get("kernel_sample_age_s")
+    if type(age) not in _NUMBER_TYPES or age > KERNEL_SAMPLE_STALE_S:
+        return   # (a trace this old may be of another phase or shape; the probe traces every 10 min)
     ms = float(last.get("kernel_ms_per_step"))
     sig.set("probe.kernel_ms_per_step", ms)
     sig.set("probe.kernel_busy", min(1.0, ms / step_ms))
