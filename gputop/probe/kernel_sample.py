@@ -209,17 +209,18 @@ class KernelSampler:
         if not ended:
             self.off = f"the trace did not end on a step boundary within {MAX_WINDOW_S:.0f} s: not counted"
             return
-        spans = []
-        cuda, dev = torch.autograd.DeviceType.CUDA, p.cuda_device
+        by_device: dict = {}
+        cuda = torch.autograd.DeviceType.CUDA
         for e in prof.kineto_results.events():
             if e.device_type() != cuda or e.name().startswith(COPY_PREFIXES):
                 continue
-            idx = getattr(e, "device_index", None)
-            if dev is not None and callable(idx) and idx() != dev:
-                continue   # (another GPU of the process: the step's time is this device's)
             span = _span(e)
             if span is not None:
-                spans.append(span)
+                idx = getattr(e, "device_index", None)
+                by_device.setdefault(idx() if callable(idx) else None, []).append(span)
+        # the job's device's kernels (another GPU of the process runs its own timeline); all of
+        # them where the trace numbers devices otherwise than torch does
+        spans = by_device.get(p.cuda_device) or [x for v in by_device.values() for x in v]
         if steps < 1 or not spans:
             self.off = f"the trace saw {steps} steps and {len(spans)} kernels in {t1 - t0:.2f} s"
             return
