@@ -82,7 +82,7 @@ NOT_EXPORTED = {
     ("probe_step", "flops_varies"): "a flag: the Steps view and the report say it",
     ("probe_step", "flops_off"): "words (why no count): the Steps view and the report say them",
     ("probe_step", "kernel_sample_age_s"): "the kernel trace's age: how old gputop_probe_kernel_seconds_per_step is",
-    ("probe_step", "kernel_off"): "words (why no kernel trace): the evidence and the report say them",
+    ("probe_step", "kernel_off"): "words (why no kernel trace): the Steps view says them",
 }
 
 # thread_state fields: one family with a "state" label (and the CPU share), built in _threads.

@@ -385,6 +385,14 @@ class ProbeSettings(TextPanel):
                  (f"allocated {fmt.size(mem.get('allocated'))} · reserved {fmt.size(mem.get('reserved'))} · "
                   f"peak {fmt.size(mem.get('peak_allocated'))}/{fmt.size(mem.get('peak_reserved'))} · "
                   f"alloc retries {fmt.num(mem.get('alloc_retries'))}", ""))
+        step = snap.latest("probe_step", key)
+        kms = step.get("kernel_ms_per_step") if step is not None else None
+        kwhy = step.get("kernel_off") if step is not None else None
+        if isinstance(kms, (int, float)) and not isinstance(kms, bool):
+            line(("kernel trace ", STYLE_LABEL),
+                 (f"{kms:.3f} ms of kernels a step (traced {fmt.num(step.get('kernel_sample_age_s'))} s ago)", ""))
+        elif isinstance(kwhy, str) and not kwhy.startswith("off:"):   # (asked for, and none: say why)
+            line(("kernel trace ", STYLE_LABEL), (f"n/a: {fmt.clean(kwhy)}", STYLE_DIM))
         hooks = c.get("hooks") or {}
         off = [f"{k} {v[0]}: {v[1]}" for k, v in hooks.items()
                if isinstance(v, list) and len(v) == 2 and v[0] in ("failed", "unavailable")]
