@@ -61,7 +61,6 @@ HISTORY_S = 120.0           # the median step time is taken over this much of th
 MOMENTS_S = 40.0            # py-spy moments looked at each second (stack steps, the idle test)
 SAY_EVERY_S = 1.0
 WORKERS_BUSY_PCT = 20.0     # DataLoader workers' CPU, together, that makes a wait for data progress
-WORKERS_RECENT_S = 10.0     # ... over this much of the recent past
 STEP_SLACK_S = 2.0          # a step this far into an idle stretch is one the stretch began after
                             # (a probe window ends up to 1 s after its steps); a later one is progress
 _NUM = (int, float)
@@ -158,9 +157,10 @@ class StallDetector:
         stretch = [m for m in ms if m.t >= since]
         if not stretch or sum(1 for m in stretch if m.naming.cat == DATA) < len(stretch) / 2:
             return False
-        # the workers' CPU of the last WORKERS_RECENT_S only: workers that were busy and then hung
-        # must not hold the stall off for the rest of the stretch
-        procs = store.window(KIND_PROC, max(since, now - WORKERS_RECENT_S))
+        # each worker's latest CPU reading in the stretch, not its mean over it: workers that were
+        # busy and then hung must not hold the stall off for the rest of the stretch (and the
+        # agent reads child processes only every ~20 s: a short recent window can hold none)
+        procs = store.window(KIND_PROC, since)
         # (a forkserver's workers are the fork server's children, and it is the main process's)
         parent_of = {str(key): str(series[-1].get("ppid")) for key, series in procs.items() if series}
         busy = 0.0
@@ -168,7 +168,7 @@ class StallDetector:
             mine = [s for s in series if s.get("role") == ROLE_WORKER and s.t <= now and type(s.get("cpu_pct")) in _NUM
                     and pid in (str(s.get("ppid")), parent_of.get(str(s.get("ppid"))))]
             if mine:
-                busy += sum(s.get("cpu_pct") for s in mine) / len(mine)
+                busy += mine[-1].get("cpu_pct")
         return busy >= WORKERS_BUSY_PCT
 
     def _idle_since(self, store, now: float, moments_of: dict[str, list], gpus: list[str],
