@@ -23,19 +23,9 @@ import sys
 import threading
 import time
 
+from gputop.probe.kernel_sample import union_ns   # (one home: the probe's own trace uses it)
+
 steps = 0
-
-
-def _union_ns(spans: list[tuple[int, int]]) -> int:
-    total, end = 0, None
-    for s, e in sorted(spans):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def _rate(seconds: float) -> tuple[float, int]:
@@ -75,14 +65,14 @@ def _sampler(a, out: dict) -> None:
         t_parsed = time.perf_counter()
         n = s1 - s0
         wall_ns = (t_off - t_on) * 1e9
-        u = _union_ns(kern)
+        u = union_ns(kern)
         first = min((s for s, _ in kern), default=0)
         last = max((e for _, e in kern), default=0)
         out["windows"].append({
             "enter_ms": (t_on - t_in) * 1e3, "exit_ms": (t_out - t_off) * 1e3, "parse_ms": (t_parsed - t_out) * 1e3,
             "steps": n, "kernels": len(kern), "copies": len(copies),
             "kernel_union_ms": u / 1e6, "kernel_sum_ms": sum(e - s for s, e in kern) / 1e6,
-            "copy_union_ms": _union_ns(copies) / 1e6, "kernel_span_ms": (last - first) / 1e6,
+            "copy_union_ms": union_ns(copies) / 1e6, "kernel_span_ms": (last - first) / 1e6,
             "wall_ms": wall_ns / 1e6, "step_ms_profiled": wall_ns / 1e6 / n if n else None,
             "kernel_ms_per_step": u / 1e6 / n if n else None})
         time.sleep(0.5)
