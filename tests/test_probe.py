@@ -771,7 +771,7 @@ def test_a_job_that_asks_for_kernel_samples_gets_cupti_finalized_after_each():
 
     show = [sys.executable, "-c", "import os; print(os.environ.get('TEARDOWN_CUPTI'))"]
     for extra, want in (({"GPUTOP_KERNEL_SAMPLE": "1"}, "1"), ({"GPUTOP_KERNEL_SAMPLE": "1", "TEARDOWN_CUPTI": "0"}, "0"),
-                        ({}, "None")):
+                        ({"GPUTOP_KERNEL_SAMPLE": "true"}, "1"), ({"GPUTOP_KERNEL_SAMPLE": "0"}, "None"), ({}, "None")):
         env = {k: v for k, v in os.environ.items() if k not in ("GPUTOP_KERNEL_SAMPLE", "TEARDOWN_CUPTI")}
         job = launch_with_probe(show, env={**env, **extra}, stdout=subprocess.PIPE, text=True)
         out, _ = job.communicate(timeout=60)

@@ -48,8 +48,9 @@ COPY_PREFIXES = ("Memcpy", "Memset")   # a trace's copy and memset records: not 
 
 
 def wanted(env=None) -> bool:
-    """Whether the job's environment asks for kernel samples."""
-    return (os.environ if env is None else env).get(ENV, "") == "1"
+    """Whether the job's environment asks for kernel samples ("1", or "true"/"yes"/"on": a user
+    who wrote one of those meant it)."""
+    return (os.environ if env is None else env).get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def prepare_env(env=None) -> None:

@@ -72,13 +72,6 @@ STRAGGLER_GAP = 0.15              # ... and at least this much more than the ran
 _pct, _r = pct, rounded   # (short names: the evidence dicts below use them on every line)
 
 
-def _window_words(sig: Signals) -> str:
-    """"last 11 s": the judged window a summary's share is of (the budget's), as the budget rules
-    word it; "time" where there is no budget (the report's session figure is another span)."""
-    budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
-    w = budget.get("window_s")
-    return f"last {w:.0f} s" if isinstance(w, (int, float)) and not isinstance(w, bool) else "time"
-
 
 def _gate(level: float, ok: bool) -> float:
     """A rule whose precondition fails does not hold at all (level 0, not "almost"): an active
@@ -429,6 +422,8 @@ def optimizer_offload(sig: Signals) -> Finding | None:
     counted, per_step = _copies(sig)
     if per_step:
         copies = per_step + (f"; {copies}" if copies else "")
+    from gputop.verdicts.budget_rules import _win   # (the budget rules' wording of the window; loaded after this module)
+    budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
     return optimizer_offload.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.8, _missing(sig, "stacks", "budget")),
         evidence={"optimizer": opt.get("class"), "cpu_param_share_pct": _pct(share), "cpu_params": n,
@@ -441,7 +436,7 @@ def optimizer_offload(sig: Signals) -> Finding | None:
                 "pinned host buffers, non_blocking copies on a side stream, and a multi-threaded CPU optimizer "
                 "(DeepSpeed's CPUAdam) while the next forward runs."),
         summary=(f"{opt.get('class') or 'the optimizer'} holds {share * 100:.0f}% of its parameters on the CPU; the GPU "
-                 f"computes nothing {lost * 100:.0f}% of the {_window_words(sig)} while the loop copies, waits on copies "
+                 f"computes nothing {lost * 100:.0f}% of the last {_win(budget)} while the loop copies, waits on copies "
                  "or runs CPU code"
                  + (f" ({copies})" if copies else "")),
         missing=_missing(sig, "stacks", "budget"))
