@@ -368,3 +368,17 @@ def test_a_damaged_length_does_not_skip_the_intact_frames_before_where_it_points
         damaged = [(d.offset, d.length, d.what) for d in r.index.damaged]
     assert first_chunk and got == everything, "only the metadata is lost"
     assert damaged == [(m0, c0 - m0, "metadata")]
+
+
+def test_lost_metadata_is_said_when_it_is_one_of_several_damaged_parts():
+    """A byte that breaks the metadata frame can make the next bytes read as a damaged chunk too
+    (the property test above found it on a loaded run): the line still says what was lost."""
+    from gputop.session.recording_format import Damage, RecordingIndex
+    from gputop.session.recording_reader import damage_line
+
+    parts = [Damage(offset=16, length=0, what="metadata", reason="missing"),
+             Damage(offset=16, length=78, what="chunk", reason="unexpected structure", t1=0.0)]
+    line = damage_line(RecordingIndex(damaged=parts))
+    assert line.startswith("2 parts damaged") and line.endswith("target, host and sources unknown"), line
+    # with the metadata read after all (a later copy), nothing is said to be unknown
+    assert not damage_line(RecordingIndex(damaged=parts, has_meta=True)).endswith("unknown")

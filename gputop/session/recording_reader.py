@@ -427,13 +427,15 @@ def damage_line(index: RecordingIndex) -> str | None:
         return tail_line(index)
     d = parts[0]
     span = f" ({_mmss(d.t0)}-{_mmss(d.t1)})" if d.t0 is not None or d.t1 is not None else ""
+    # (the metadata may be one of several damaged parts: a byte that breaks its frame can make the
+    # next bytes read as a damaged chunk too)
+    meta_lost = any(p.what in ("metadata", "file header") for p in parts) and not index.has_meta
+    lost = ": target, host and sources unknown" if meta_lost else ""
     if len(parts) == 1:
-        meta_lost = d.what in ("metadata", "file header") and not index.has_meta
-        lost = ": target, host and sources unknown" if meta_lost else ""
         line = f"1 {d.what} damaged at byte {d.offset}{span}: skipped{lost}"
     else:
         total = sum(p.length for p in parts)
-        line = f"{len(parts)} parts damaged ({total} bytes; the first at byte {d.offset}{span}): skipped"
+        line = f"{len(parts)} parts damaged ({total} bytes; the first at byte {d.offset}{span}): skipped{lost}"
     return line + (f"; {tail_line(index)}" if tail is not None else "")
 
 
