@@ -14,7 +14,8 @@ stalled now, since when, why, and the ranks a snapshot should dump. Two ways to 
   at all) for ``idle_s`` without a break, and no step taken in that time (a job that steps
   progresses, whatever 60 py-spy samples in the agent's 30 s say). It needs py-spy's stacks.
   A stretch whose waits are mostly for the DataLoader while the job's DataLoader workers are
-  busy on the CPU (>= ``WORKERS_BUSY_PCT`` together) is a pipeline at work, not a stop: without
+  busy on the CPU (>= ``WORKERS_BUSY_PCT`` together) is a pipeline at work, not a stop (for
+  this test, and for the no-step test where steps come from the stacks): without
   the probe, steps come from the few samples that land in a backward pass, and the agent's 2
   a second can miss them all for 30 s in an input-bound loop (a job that steps called stalled,
   beside CPU load). A hung DataLoader's workers are idle: still caught.
@@ -212,10 +213,10 @@ class StallDetector:
             if pid is None:
                 return []
             pids, rank_of, gpus = [pid], {pid: None}, chosen_gpus(store, only)
-        moments_of, seen_until, stacks_seen = {}, {}, {}
+        moments_of, seen_until, stacks_seen, probed_of = {}, {}, {}, {}
         window = stacks_window_s(store)
         for pid in pids:
-            probed = self._probe_steps(store, pid, now)
+            probed = probed_of[pid] = self._probe_steps(store, pid, now)
             moments_of[pid] = self._moments(store, pid, now, gpus)
             seen = _stacks_seen_until(store, pid)
             stacks_seen[pid] = min(seen, now) if seen is not None else now
@@ -243,7 +244,13 @@ class StallDetector:
         # several ranks steps when any rank does): the probe's windows come every second, py-spy's
         # only when a window ends, so a rank stepped from its stacks is judged up to its newest
         # window, not up to now (the agent's 20 s windows would otherwise look like a stop)
-        quiet = [seen_until[p] - max(self.last_step[p], self.paused_t) for p in pids if p in self.last_step]
+        quiet = [seen_until[p] - max(self.last_step[p], self.paused_t) for p in pids if p in self.last_step
+                 # (a rank stepped from its stacks whose quiet stretch is a wait for data with its
+                 # workers busy is loading, not stopped: the agent's 2 samples a second can miss
+                 # every backward of an input-bound loop for longer than the threshold, as they can
+                 # its idle test's 30 s; the probe counts steps and needs no such allowance)
+                 and (probed_of[p] or not self._loading(store, p, moments_of[p],
+                                                         max(self.last_step[p], self.paused_t), now))]
         self.progressed = self.progressed or last_step is not None
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
