@@ -820,3 +820,43 @@ def test_the_kernel_sampler_sees_a_profiler_another_thread_started_and_never_lea
         def duration_us(self):
             return 3
     assert _span(OldEvent()) == (7000, 10000)
+
+
+def test_a_kernel_trace_window_ends_on_a_step_boundary_for_short_and_long_steps():
+    """The trace runs from a step boundary to another: 10 steps and 0.3 s at least, 2 s and then
+    the next boundary at most. A loop of 0.29 s steps (a GPT-2 under Accelerate) must still end
+    on a boundary (it never did while the wait stopped at 2 s), a fast loop stops soon after its
+    10 steps, and a loop that stops stepping is not counted."""
+    from gputop.probe import kernel_sample as ks
+
+    class Steps:
+        step_total = 0
+
+    def run(step_s: float, steps: int | None) -> tuple[bool, int, float]:
+        p, stop, done = Steps(), threading.Event(), threading.Event()
+
+        def loop():
+            n = 0
+            while not done.is_set() and (steps is None or n < steps):
+                time.sleep(step_s)
+                p.step_total += 1
+                n += 1
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        # as the sampler does: start just after a boundary
+        while p.step_total == 0:
+            time.sleep(0.001)
+        t_on, n0 = time.monotonic(), p.step_total
+        ended = ks.wait_window(p, stop, t_on)
+        took, n = time.monotonic() - t_on, p.step_total - n0
+        done.set()
+        t.join(5)
+        return ended, n, took
+
+    ended, n, took = run(0.29, None)
+    assert ended and 7 <= n <= 11 and took <= ks.MAX_WINDOW_S + ks.END_WAIT_S, (n, took)
+    ended, n, took = run(0.005, None)
+    assert ended and n >= ks.MIN_STEPS and ks.WINDOW_S <= took < 1.0, (n, took)
+    ended, n, took = run(0.1, 3)          # three steps (the first one the start's boundary), then none
+    assert not ended and n == 2 and took >= ks.MAX_WINDOW_S + ks.END_WAIT_S - 0.05, (n, took)

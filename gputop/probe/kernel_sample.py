@@ -7,19 +7,20 @@ job's kernels (torch.profiler's kineto, CUDA activity only) measures their time:
 put the ResNet-50 batch-1 loop at 0.82-0.86 ms of kernels a step, within 10% of the step its
 CUDA graph reached.
 
-What it costs, measured there (``benchmarks/kernel_busy.py``): while a trace runs, a launch-bound
-job launches a third to half as fast (CUPTI records each launch); stopping and reading it takes
-0.3-1.4 s in the job's process (one CUDA-graph job lost ~1.3 s of steps per trace); and unless
-CUPTI is finalized when the trace stops, the job stays 17-51% slower afterwards. So: off unless
-the job's environment asks for it (``GPUTOP_KERNEL_SAMPLE=1``), ``TEARDOWN_CUPTI=1`` set for
-kineto when it does (``install`` sets it before torch loads, unless the job set it), one trace
-(step boundary to step boundary, ``WINDOW_S`` and ``MIN_STEPS`` at least, ``MAX_WINDOW_S``
-at most) once training has settled (``START_STEPS`` steps and ``START_S`` seconds after a
-monitor attached), again every ``EVERY_S`` (however often monitors come and go); never while
-another profiler is on, never once torch.compile is in use, never on CUDA before 12.6 (CUPTI
-re-initialised after a teardown crashes where CUDA graphs are used, torch says), never without a
-monitor. A trace starts on a step boundary seen within ``BOUNDARY_WAIT_S`` and counts only if it
-ends on one; a start or stop that raises switches the profiler off (``_disable_if_on``).
+What it costs, measured there (``benchmarks/kernel_busy.py``): while a trace runs, a
+launch-bound job launches a third to half as fast (CUPTI records each launch); stopping and
+reading it takes 0.3-1.4 s in the job's process (one CUDA-graph job lost ~1.3 s of steps per
+trace); and unless CUPTI is finalized when the trace stops, the job stays 17-51% slower
+afterwards. So: off unless the job's environment asks for it (``GPUTOP_KERNEL_SAMPLE=1``),
+``TEARDOWN_CUPTI=1`` set for kineto when it does (``install`` sets it before torch loads, unless
+the job set it), one trace (step boundary to step boundary, ``WINDOW_S`` and ``MIN_STEPS`` at
+least, ``MAX_WINDOW_S`` at most, then the next boundary within ``END_WAIT_S``) once training has
+settled (``START_STEPS`` steps and ``START_S`` seconds after a monitor attached), again every
+``EVERY_S`` (however often monitors come and go); never while another profiler is on, never once
+torch.compile is in use, never on CUDA before 12.6 (CUPTI re-initialised after a teardown
+crashes where CUDA graphs are used, torch says), never without a monitor. A trace starts on a
+step boundary seen within ``BOUNDARY_WAIT_S`` and counts only if it ends on one; a start or stop
+that raises switches the profiler off (``_disable_if_on``).
 
 The trace is started and stopped on the probe thread (CUPTI records every thread's kernels); the
 training thread is never called. The message (``kernel`` in each window, gputop/probe/window.py)
@@ -37,7 +38,8 @@ import time
 ENV = "GPUTOP_KERNEL_SAMPLE"
 WINDOW_S = 0.3          # one trace at least this long ...
 MIN_STEPS = 10          # ... and over at least this many steps (a step's edge is 1/10 of the count) ...
-MAX_WINDOW_S = 2.0      # ... but never longer than this
+MAX_WINDOW_S = 2.0      # ... but no longer than this ...
+END_WAIT_S = 1.0        # ... but for the next step boundary, at most this much longer
 POLL_S = 0.005          # how often the probe thread looks at the step counter meanwhile
 BOUNDARY_WAIT_S = 1.0   # no step boundary this long before a trace: none this time
 START_STEPS = 20        # ... once the job has made this many steps since a monitor attached
@@ -123,6 +125,24 @@ def _span(e) -> tuple[int, int] | None:
     return (start, start + dur) if dur >= 0 else None
 
 
+def wait_window(p, stop, t_on: float) -> bool:
+    """With the trace on since ``t_on``: wait for ``MIN_STEPS`` steps and ``WINDOW_S``, or for
+    ``MAX_WINDOW_S``, then for the next step boundary, ``END_WAIT_S`` past ``MAX_WINDOW_S`` at
+    most (a step of up to ~3 s still ends on one: a GPT-2 step under Accelerate takes 0.29 s, so
+    ten of them outlast ``MAX_WINDOW_S``, and a trace cut off there would never count). True
+    when it ended on a boundary (no partial step's kernels counted)."""
+    steps0 = p.step_total
+    while not stop.is_set():
+        time.sleep(POLL_S)
+        n, now_s = p.step_total - steps0, time.monotonic() - t_on
+        if (n >= MIN_STEPS and now_s >= WINDOW_S) or now_s >= MAX_WINDOW_S:
+            break
+    last, deadline = p.step_total, t_on + MAX_WINDOW_S + END_WAIT_S
+    while p.step_total == last and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(POLL_S)
+    return p.step_total != last
+
+
 class KernelSampler:
     """One per probe, driven from the probe thread's tick."""
 
@@ -192,15 +212,7 @@ class KernelSampler:
         try:
             prof.__enter__()
             steps0, t_on = p.step_total, time.monotonic()
-            while not stop.is_set():
-                time.sleep(POLL_S)
-                n, now_s = p.step_total - steps0, time.monotonic() - t_on
-                if (n >= MIN_STEPS and now_s >= WINDOW_S) or now_s >= MAX_WINDOW_S:
-                    break
-            last = p.step_total
-            while p.step_total == last and time.monotonic() - t_on < MAX_WINDOW_S and not stop.is_set():
-                time.sleep(POLL_S)
-            ended = p.step_total != last   # (on a boundary: no partial step's kernels counted)
+            ended = wait_window(p, stop, t_on)
             steps = p.step_total - steps0
             t1 = time.monotonic()
             prof.__exit__(None, None, None)
@@ -208,7 +220,8 @@ class KernelSampler:
             _disable_if_on(torch)   # (a start or a stop that raised: CUPTI must not stay on)
         t0 = t_on
         if not ended:
-            self.off = f"the trace did not end on a step boundary within {MAX_WINDOW_S:.0f} s: not counted"
+            self.off = (f"the trace did not end on a step boundary within {MAX_WINDOW_S + END_WAIT_S:.0f} s "
+                        "(a step that long, or a pause): not counted")
             return
         by_device: dict = {}
         cuda = torch.autograd.DeviceType.CUDA
