@@ -201,6 +201,15 @@ def run_scenario(a, sc: dict, tmp: pathlib.Path) -> dict:
         elif s.kind == "probe_config":
             hooks[str(s.get("rank"))] = (s.get("hooks") or {}).get("ddp_comm")
     res["probe_wait_pct"] = {k: round(100 * e / t, 1) for k, (e, t) in sorted(waits.items()) if t}
+    # the probe's kernel trace (GPUTOP_KERNEL_SAMPLE=1 in the environment): each rank's latest
+    # kernels' time per step, or why it has none
+    kernel: dict = {}
+    for s in samples:
+        if s.kind == "probe_step":
+            k = s.get("kernel_ms_per_step")
+            kernel[str(s.get("rank"))] = (f"{k} ms of kernels per step (step p50 {s.get('step_ms_p50')} ms)"
+                                          if k is not None else s.get("kernel_off"))
+    res["kernel"] = kernel
     res["ddp_comm_hook"] = hooks
     if proc.returncode != 0 or not sc["probe"]:
         res["log_tail"] = (tmp / f"{name}.log").read_text()[-1500:] if proc.returncode else None

@@ -29,6 +29,9 @@ def test_the_first_verdicts_two_times_are_labelled_and_match_the_json():
     assert f"from {p['first_seen_s']:.0f} s (its rule held from {held:.0f} s)" in text
     assert f"first verdict named {rep['first_verdict_s']:.1f} s after the session started" in text
     assert "first_seen_s in --json is when the rule first held" in text
+    # the evidence sentence is its last window's (its figures are that window's; --json averages
+    # them over the active time): the text says which span it is
+    assert f"evidence, its last window: {p['summary']}" in text
 
 
 def test_rows_have_labels_and_terse_ones_are_explained():

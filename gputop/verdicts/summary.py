@@ -188,7 +188,10 @@ def render_verdicts_text(section: dict) -> list[str]:
     lines.append(f"  PRIMARY  {p['id']}: {p['title']} — primary {p['share'] * 100:.0f}% of the judged time, "
                  f"from {p['first_seen_s']:.0f} s{held_text}")
     if p.get("summary"):
-        lines.append(f"           evidence: {p['summary']}")
+        # (the words of its last active window, with that window's figures: the --json evidence
+        # averages them over its active time, and the gain below is that of its mean lost share,
+        # so a figure here may differ from those: it is another span, and says so)
+        lines.append(f"           evidence, its last window: {p['summary']}")
     if isinstance(p.get("gain_pct"), (int, float)):
         whence = ("its share of the training time budget" if p.get("gain_from") == "budget"
                   else "its mean lost share while it held")
