@@ -259,6 +259,11 @@ class StepsPanel(TextPanel):
             t.append(" · ")
             if split["gpu_ms"] is not None:
                 t.append(f"GPU {_ms(split['gpu_ms'])}", style=STYLE_GPU)
+                kms = fmt.to_float(d.get("kernel_ms_per_step"))
+                if kms is not None:
+                    # (the GPU's span runs from the batch to the step's end, launch gaps included;
+                    # the trace's kernels are its busy part: on a launch-bound loop a third of it)
+                    t.append(f" (kernels {_ms(kms)}, traced)", style=STYLE_DIM)
             else:
                 why = off_reason(cfg.data if cfg is not None else None, "cuda_events").split(":")[0]
                 t.append(f"GPU n/a ({fmt.clean(why)})", style=STYLE_DIM)
@@ -390,7 +395,7 @@ class ProbeSettings(TextPanel):
         kwhy = step.get("kernel_off") if step is not None else None
         if isinstance(kms, (int, float)) and not isinstance(kms, bool):
             line(("kernel trace ", STYLE_LABEL),
-                 (f"{kms:.3f} ms of kernels a step (traced {fmt.num(step.get('kernel_sample_age_s'))} s ago)", ""))
+                 (f"{_ms(kms)} of kernels a step (traced {fmt.num(step.get('kernel_sample_age_s'))} s ago)", ""))
         elif isinstance(kwhy, str) and not kwhy.startswith("off:"):   # (asked for, and none: say why)
             line(("kernel trace ", STYLE_LABEL), (f"n/a: {fmt.clean(kwhy)}", STYLE_DIM))
         hooks = c.get("hooks") or {}
