@@ -252,18 +252,20 @@ class StepsPanel(TextPanel):
         split = step_split(d)
         if split is not None:
             t.append("\n")
-            bar_w = max(10, min(40, width - 50))
+            kms = fmt.to_float(d.get("kernel_ms_per_step")) if split["gpu_ms"] is not None else None
+            # (the traced kernels' words after the GPU's span: the bar gives them room)
+            # (and at 80 columns a shorter bar: the line stays one line)
+            kernels = f" (kernels {_ms(kms)})" if kms is not None else ""
+            bar_w = max(6 if kernels else 10, min(40, width - 50 - len(kernels)))
             t.append_text(split_bar(split, bar_w))
             t.append(" ")
             t.append(f"data wait {_ms(split['data_wait_ms'])}", style=STYLE_WAIT)
             t.append(" · ")
             if split["gpu_ms"] is not None:
                 t.append(f"GPU {_ms(split['gpu_ms'])}", style=STYLE_GPU)
-                kms = fmt.to_float(d.get("kernel_ms_per_step"))
-                if kms is not None:
-                    # (the GPU's span runs from the batch to the step's end, launch gaps included;
-                    # the trace's kernels are its busy part: on a launch-bound loop a third of it)
-                    t.append(f" (kernels {_ms(kms)}, traced)", style=STYLE_DIM)
+                # (the GPU's span runs from the batch to the step's end, launch gaps included;
+                # the trace's kernels are its busy part: on a launch-bound loop a third of it)
+                t.append(kernels, style=STYLE_DIM)
             else:
                 why = off_reason(cfg.data if cfg is not None else None, "cuda_events").split(":")[0]
                 t.append(f"GPU n/a ({fmt.clean(why)})", style=STYLE_DIM)
