@@ -860,3 +860,45 @@ def test_a_kernel_trace_window_ends_on_a_step_boundary_for_short_and_long_steps(
     assert ended and n >= ks.MIN_STEPS and ks.WINDOW_S <= took < 1.0, (n, took)
     ended, n, took = run(0.1, 3)          # three steps (the first one the start's boundary), then none
     assert not ended and n == 2 and took >= ks.MAX_WINDOW_S + ks.END_WAIT_S - 0.05, (n, took)
+
+
+def test_the_kernel_trace_keeps_clear_of_cuda_graph_captures():
+    """Stopping a trace synchronizes the device from the probe's thread, which a CUDA graph capture
+    in torch's default mode does not survive: where the job asked for kernel traces, the probe
+    notes the captures the job makes itself (torch.cuda.graph, make_graphed_callables) and takes
+    no trace during one or within a minute of one. No GPU here: the hook is installed on the real
+    torch.cuda.graphs.CUDAGraph, a capture that fails (no CUDA) leaves nothing open, and the
+    install is undone; without the opt-in nothing is patched."""
+    import types
+
+    import torch
+
+    from gputop.probe import kernel_sample as ks
+    from gputop.probe.torch_hooks import TorchHooks
+
+    cls = torch.cuda.graphs.CUDAGraph
+    orig = cls.capture_begin, cls.capture_end
+    hooks_said = {}
+    probe = types.SimpleNamespace(kernel_sampler=types.SimpleNamespace(on=False),
+                                  set_hook=lambda name, state, msg="": hooks_said.__setitem__(name, state))
+    hooks = TorchHooks.__new__(TorchHooks)
+    hooks.probe, hooks.torch, hooks._undo, hooks.captures_open, hooks.last_capture_t = probe, torch, [], 0, None
+    hooks._install_graph_capture()
+    assert (cls.capture_begin, cls.capture_end) == orig and "graph_capture" not in hooks_said   # not asked for
+    probe.kernel_sampler.on = True
+    hooks._install_graph_capture()
+    try:
+        assert cls.capture_begin is not orig[0] and hooks_said["graph_capture"] == "on"
+        assert not ks._captured_lately(hooks)
+        with pytest.raises(Exception):
+            cls.capture_begin(object())        # (no CUDA: the capture itself fails)
+        assert hooks.captures_open == 0 and hooks.last_capture_t is not None
+        assert ks._captured_lately(hooks)      # ... and a trace waits CAPTURE_QUIET_S after it
+        hooks.last_capture_t -= ks.CAPTURE_QUIET_S + 1
+        assert not ks._captured_lately(hooks)
+        hooks.captures_open = 1                # one under way: never
+        assert ks._captured_lately(hooks)
+    finally:
+        for undo in reversed(hooks._undo):
+            undo()
+    assert (cls.capture_begin, cls.capture_end) == orig

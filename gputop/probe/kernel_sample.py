@@ -47,6 +47,9 @@ START_S = 8.0           # ... and this long since then (warm-up: autotuning, all
 EVERY_S = 600.0         # and again this often
 MIN_CUDA = (12, 6)      # CUPTI teardown and re-init with CUDA graphs crash before this (torch's profiler)
 COPY_PREFIXES = ("Memcpy", "Memset")   # a trace's copy and memset records: not kernels
+MIN_COUNTED_STEPS = 2   # a trace over fewer steps is not counted (its edges weigh on a lone step)
+CAPTURE_QUIET_S = 60.0  # no trace this soon after the job captured a CUDA graph itself ...
+CAPTURE_WAIT_S = 30.0   # ... and a trace's stop waits this long at most for a capture begun during it
 
 
 def wanted(env=None) -> bool:
@@ -125,6 +128,14 @@ def _span(e) -> tuple[int, int] | None:
     return (start, start + dur) if dur >= 0 else None
 
 
+def _captured_lately(hooks) -> bool:
+    """A CUDA graph capture under way, or one within ``CAPTURE_QUIET_S`` (torch_hooks notes them)."""
+    if getattr(hooks, "captures_open", 0):
+        return True
+    last = getattr(hooks, "last_capture_t", None)
+    return last is not None and time.monotonic() - last < CAPTURE_QUIET_S
+
+
 def wait_window(p, stop, t_on: float) -> bool:
     """With the trace on since ``t_on``: wait for ``MIN_STEPS`` steps and ``WINDOW_S``, or for
     ``MAX_WINDOW_S``, then for the next step boundary, ``END_WAIT_S`` past ``MAX_WINDOW_S`` at
@@ -190,12 +201,18 @@ class KernelSampler:
         why = _cuda_too_old(torch)
         if why is None and _profiler_on(torch):
             why = "another profiler is on in the job (two at once crashed a process)"
-        if why is None and getattr(p.torch_hooks, "compile_count", 0):
-            # (its CUDA graphs may be re-recorded at any step, and stopping a trace synchronizes
+        hooks = p.torch_hooks
+        if why is None and getattr(hooks, "compile_count", 0):
+            # (its CUDA graphs may be recorded again at any step, and stopping a trace synchronizes
             # the device from this thread: a capture in progress would break)
             why = "torch.compile is in use: its CUDA graphs may be recorded again at any step"
+        if why is None and _captured_lately(hooks):
+            why = (f"the job captured a CUDA graph in the last {CAPTURE_QUIET_S:.0f} s (another may follow, and a "
+                   "trace's stop synchronizes the device, which a capture does not survive)")
         if why is not None:
-            self.off = why
+            # (and the last sample goes: it measured kernels from before this -- other code, or
+            # other graphs -- which the verdicts would read as today's)
+            self.off, self.result = why, None
             return
         stop = p._stop
         # from just after a step boundary to just after another, MIN_STEPS or more later: the
@@ -215,10 +232,19 @@ class KernelSampler:
             ended = wait_window(p, stop, t_on)
             steps = p.step_total - steps0
             t1 = time.monotonic()
+            # a capture the job began meanwhile: stop only once it has ended (the stop synchronizes)
+            while getattr(hooks, "captures_open", 0) and time.monotonic() - t1 < CAPTURE_WAIT_S:
+                time.sleep(POLL_S)
             prof.__exit__(None, None, None)
         finally:
             _disable_if_on(torch)   # (a start or a stop that raised: CUPTI must not stay on)
-        t0 = t_on
+        if (getattr(hooks, "last_capture_t", None) or float("-inf")) >= t_on:
+            self.off = "the job captured a CUDA graph during the trace (its kernels are recorded, not run): not counted"
+            return
+        if ended and steps < MIN_COUNTED_STEPS:
+            # (the trace's edges -- CUPTI's start-up, the stop's synchronize -- weigh on a lone step)
+            self.off = f"the trace held {steps} step (a step longer than {MAX_WINDOW_S:.0f} s): not counted"
+            return
         if not ended:
             self.off = (f"the trace did not end on a step boundary within {MAX_WINDOW_S + END_WAIT_S:.0f} s "
                         "(a step that long, or a pause): not counted")
@@ -236,11 +262,11 @@ class KernelSampler:
         # them where the trace numbers devices otherwise than torch does
         spans = by_device.get(p.cuda_device) or [x for v in by_device.values() for x in v]
         if steps < 1 or not spans:
-            self.off = f"the trace saw {steps} steps and {len(spans)} kernels in {t1 - t0:.2f} s"
+            self.off = f"the trace saw {steps} steps and {len(spans)} kernels in {t1 - t_on:.2f} s"
             return
         self.off = None
         self.result = {"ms_per_step": union_ns(spans) / 1e6 / steps, "steps": steps, "kernels": len(spans),
-                       "window_s": round(t1 - t0, 3), "at": now, "cost_s": round(time.monotonic() - t0, 3)}
+                       "window_s": round(t1 - t_on, 3), "at": now, "cost_s": round(time.monotonic() - t_on, 3)}
 
     def message(self, now: float) -> dict:
         """The window's ``kernel`` field: the latest sample (its age in seconds), or why none."""

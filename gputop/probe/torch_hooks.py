@@ -35,6 +35,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import warnings
 
 from gputop.probe import wire
@@ -61,6 +62,8 @@ class TorchHooks(SyncCapture):
         self.autocast: set[str] = set()
         self.compile_calls: list[dict] = []
         self.compile_count = 0
+        self.captures_open = 0             # CUDA graph captures under way (for the kernel trace only)
+        self.last_capture_t: float | None = None   # monotonic time a capture last began or ended
         self.compiles = CompileWatch()     # dynamo's compilations, read per window (probe thread)
         self.optimizer_calls = 0           # optimizer steps torch's global hook saw
         self.scaler = ScalerWatch(self)    # GradScaler's skipped steps (gputop/probe/amp_scaler.py)
@@ -87,7 +90,7 @@ class TorchHooks(SyncCapture):
         p, torch = self.probe, self.torch
         for name, fn in (("optimizer_step", self._install_optimizer), ("dataloader", self._install_dataloader),
                          ("autocast", self._install_autocast), ("compile", self._install_compile),
-                         ("grad_scaler", self._install_grad_scaler)):
+                         ("grad_scaler", self._install_grad_scaler), ("graph_capture", self._install_graph_capture)):
             try:
                 fn()
             except Exception as e:  # an API that moved: skip the hook, say which
@@ -293,6 +296,42 @@ class TorchHooks(SyncCapture):
         self._undo.append(lambda: setattr(torch, "compile", orig))
         self.compile_on = True
         p.set_hook("compile", "on", "notes torch.compile calls")
+
+    def _install_graph_capture(self) -> None:
+        """Only where the job asked for kernel traces (gputop/probe/kernel_sample.py): note the CUDA
+        graph captures the job makes itself (``torch.cuda.graph``, ``make_graphed_callables``, a
+        library's), so that no trace starts or stops during one: stopping a trace synchronizes the
+        device from the probe's thread, which a capture in torch's default ("global") mode does
+        not survive. A capture is a rare call (warm-up, a new shape), never a step's hot path."""
+        p, torch = self.probe, self.torch
+        sampler = getattr(p, "kernel_sampler", None)
+        if sampler is None or not sampler.on:
+            return
+        cls = torch.cuda.graphs.CUDAGraph
+        begin, end = cls.capture_begin, cls.capture_end
+        hooks = self
+
+        @functools.wraps(begin)
+        def capture_begin(graph, *args, **kwargs):
+            hooks.captures_open += 1   # (before the call: a trace must not start while it may be under way)
+            hooks.last_capture_t = time.monotonic()
+            try:
+                return begin(graph, *args, **kwargs)
+            except BaseException:
+                hooks.captures_open = max(0, hooks.captures_open - 1)
+                raise
+
+        @functools.wraps(end)
+        def capture_end(graph, *args, **kwargs):
+            try:
+                return end(graph, *args, **kwargs)
+            finally:
+                hooks.captures_open = max(0, hooks.captures_open - 1)
+                hooks.last_capture_t = time.monotonic()
+
+        cls.capture_begin, cls.capture_end = capture_begin, capture_end
+        self._undo.append(lambda: (setattr(cls, "capture_begin", begin), setattr(cls, "capture_end", end)))
+        p.set_hook("graph_capture", "on", "notes CUDA graph captures: the kernel trace keeps clear of them")
 
     # -- called from the hot path, once per new iterator / lead optimizer -----------------------
     def loader_seen(self, it) -> int | None:

@@ -23,6 +23,7 @@ from gputop.sources.probe_fields import METRICS as PROBE_METRICS
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.snapshot import Snapshot
+from gputop.verdicts.signals import KERNEL_SAMPLE_STALE_S
 
 register_view("steps", "Steps", order=50, short="Stp")
 
@@ -253,6 +254,8 @@ class StepsPanel(TextPanel):
         if split is not None:
             t.append("\n")
             kms = fmt.to_float(d.get("kernel_ms_per_step")) if split["gpu_ms"] is not None else None
+            if kms is not None and (fmt.to_float(d.get("kernel_sample_age_s")) or 0.0) > KERNEL_SAMPLE_STALE_S:
+                kms = None   # (too old to stand for this step: the verdicts do not read it either)
             # (the traced kernels' words after the GPU's span: the bar gives them room)
             # (and at 80 columns a shorter bar: the line stays one line)
             kernels = f" (kernels {_ms(kms)})" if kms is not None else ""
@@ -396,8 +399,11 @@ class ProbeSettings(TextPanel):
         kms = step.get("kernel_ms_per_step") if step is not None else None
         kwhy = step.get("kernel_off") if step is not None else None
         if isinstance(kms, (int, float)) and not isinstance(kms, bool):
+            age = fmt.to_float(step.get("kernel_sample_age_s"))
+            stale = age is not None and age > KERNEL_SAMPLE_STALE_S
             line(("kernel trace ", STYLE_LABEL),
-                 (f"{_ms(kms)} of kernels a step (traced {fmt.num(step.get('kernel_sample_age_s'))} s ago)", ""))
+                 (f"{_ms(kms)} of kernels a step (traced {fmt.num(age)} s ago"
+                  + ("; too old to judge by: the verdicts leave it out)" if stale else ")"), STYLE_DIM if stale else ""))
         elif isinstance(kwhy, str) and not kwhy.startswith("off:"):   # (asked for, and none: say why)
             line(("kernel trace ", STYLE_LABEL), (f"n/a: {fmt.clean(kwhy)}", STYLE_DIM))
         hooks = c.get("hooks") or {}
