@@ -68,3 +68,13 @@ def test_the_step_test_from_stacks_makes_the_same_allowance_for_busy_dataloader_
     data wait (a sleep, a lock) still does."""
     assert _no_step("input_bound.gtrec", _StacksOnly) == []
     assert len(_no_step("issue15/stall_sleep_lock.gtrec", _StacksOnly)) >= 10
+
+
+def test_the_allowance_for_busy_workers_has_an_end(monkeypatch):
+    """A worker spinning forever in __getitem__ is busy too: the allowance lasts LOADING_MAX_S (5
+    min) at most, then the no-step test fires. The same replay with the limit at 3 s: the input-bound
+    loop's longer gaps between backward samples are then called stalled."""
+    import gputop.derive.stall as stall
+
+    monkeypatch.setattr(stall, "LOADING_MAX_S", 3.0)
+    assert len(_no_step("input_bound.gtrec", _StacksOnly)) >= 3

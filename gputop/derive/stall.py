@@ -62,6 +62,10 @@ HISTORY_S = 120.0           # the median step time is taken over this much of th
 MOMENTS_S = 40.0            # py-spy moments looked at each second (stack steps, the idle test)
 SAY_EVERY_S = 1.0
 WORKERS_BUSY_PCT = 20.0     # DataLoader workers' CPU, together, that makes a wait for data progress
+WORKERS_FRESH_S = 45.0      # ... read this recently (the agent reads child processes every ~20 s: two reads;
+                            # a worker that exited busy, at an epoch's end, stops counting then)
+LOADING_MAX_S = 300.0       # ... for this long at most: a worker spinning forever is a hang (at 2 samples a
+                            # second, a loop with 1% of its time in backward shows one in 5 min 99.8% of the time)
 STEP_SLACK_S = 2.0          # a step this far into an idle stretch is one the stretch began after
                             # (a probe window ends up to 1 s after its steps); a later one is progress
 _NUM = (int, float)
@@ -158,6 +162,8 @@ class StallDetector:
         stretch = [m for m in ms if m.t >= since]
         if not stretch or sum(1 for m in stretch if m.naming.cat == DATA) < len(stretch) / 2:
             return False
+        if now - since > LOADING_MAX_S:
+            return False   # (a worker spinning forever in __getitem__ is busy too: a hang, caught then)
         # each worker's latest CPU reading in the stretch, not its mean over it: workers that were
         # busy and then hung must not hold the stall off for the rest of the stretch (and the
         # agent reads child processes only every ~20 s: a short recent window can hold none)
@@ -166,7 +172,8 @@ class StallDetector:
         parent_of = {str(key): str(series[-1].get("ppid")) for key, series in procs.items() if series}
         busy = 0.0
         for series in procs.values():
-            mine = [s for s in series if s.get("role") == ROLE_WORKER and s.t <= now and type(s.get("cpu_pct")) in _NUM
+            mine = [s for s in series if s.get("role") == ROLE_WORKER and now - WORKERS_FRESH_S <= s.t <= now
+                    and type(s.get("cpu_pct")) in _NUM
                     and pid in (str(s.get("ppid")), parent_of.get(str(s.get("ppid"))))]
             if mine:
                 busy += mine[-1].get("cpu_pct")
@@ -244,17 +251,21 @@ class StallDetector:
         # several ranks steps when any rank does): the probe's windows come every second, py-spy's
         # only when a window ends, so a rank stepped from its stacks is judged up to its newest
         # window, not up to now (the agent's 20 s windows would otherwise look like a stop)
-        quiet = [seen_until[p] - max(self.last_step[p], self.paused_t) for p in pids if p in self.last_step
-                 # (a rank stepped from its stacks whose quiet stretch is a wait for data with its
-                 # workers busy is loading, not stopped: the agent's 2 samples a second can miss
-                 # every backward of an input-bound loop for longer than the threshold, as they can
-                 # its idle test's 30 s; the probe counts steps and needs no such allowance)
-                 and (probed_of[p] or not self._loading(store, p, moments_of[p],
-                                                         max(self.last_step[p], self.paused_t), now))]
+        quiet_of = {p: seen_until[p] - max(self.last_step[p], self.paused_t) for p in pids if p in self.last_step}
         self.progressed = self.progressed or last_step is not None
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
         threshold = max(self.min_s, self.factor * median) if median is not None else self.min_s
+        if quiet_of and min(quiet_of.values()) >= threshold and any(
+                not probed_of[p] and self._loading(store, p, moments_of[p], max(self.last_step[p], self.paused_t), now)
+                for p in quiet_of):
+            # a rank stepped from its stacks whose quiet stretch is a wait for data with its workers
+            # busy is loading, not stopped (the agent's 2 samples a second can miss every backward
+            # of an input-bound loop for longer than the threshold, as they can the idle test's
+            # 30 s; the probe counts steps and needs no such allowance); its peers wait for it in
+            # their collectives, so the job is loading (synchronous ranks step together)
+            quiet_of = {}
+        quiet = list(quiet_of.values())
         self.idle_since = self._idle_since(store, now, moments_of, gpus, window)
         if self.idle_since is not None and any(self._loading(store, p, moments_of[p], self.idle_since, now)
                                                for p in pids):
