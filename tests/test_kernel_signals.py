@@ -93,3 +93,20 @@ def test_the_steps_view_shows_the_traced_kernels_beside_the_gpus_span():
     kms = w.get("kernel_ms_per_step")
     assert f"(kernels {kms:.1f} ms)" in text, text[-3000:]
     assert f"kernel trace {kms:.1f} ms of kernels a step" in text
+
+
+def test_the_steps_the_trace_slowed_are_not_what_its_kernels_are_divided_by():
+    """A trace slows the steps it runs over (CUPTI records each launch; its stop and reading take
+    up to ~1.4 s): the window that holds it made 150 steps of 6.67 ms where the others made 314 of
+    3.185 ms. The kernels' share is of the job's own step, not of one the trace stretched."""
+    store = SampleStore()
+    for i in range(10):
+        n, step_s = (150, 1.0 / 150) if i == 5 else (314, 0.003185)
+        data = {"step_n": n, "steps": n, "window_s": 1.0, "step_s_sum": n * step_s,
+                "kernel_ms_per_step": 0.8345 if i >= 6 else None,
+                "kernel_sample_age_s": float(i - 5) if i >= 6 else None}   # traced at t=5
+        store.on_samples([Sample(float(i), "probe_step", "100", data)])
+    sig = build_signals(store, 9.5)
+    assert abs(sig.get("probe.kernel_busy") - 0.8345 / 3.185) < 1e-6, sig.get("probe.kernel_busy")
+    # (the window's mean step, every window in, is longer: the verdicts' step time stays that)
+    assert sig.get("probe.step_ms") > 3.3

@@ -57,6 +57,9 @@ class Signals:
 
 _NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
 KERNEL_SAMPLE_STALE_S = 1200.0   # a kernel trace older than this is not read (twice the probe's EVERY_S)
+# a trace's span, from its start: its window (at most 3 s), its stop and reading (up to ~1.4 s measured)
+# and a probe window's lag (up to 1 s)
+KERNEL_TRACE_SPAN_S = 6.0
 
 
 def _total(nums: list) -> float:
@@ -302,6 +305,13 @@ def _kernel_signals(samples, step_ms: float | None, sig: Signals) -> None:
     if type(age) not in _NUMBER_TYPES or age > KERNEL_SAMPLE_STALE_S:
         return   # (a trace this old may be of another phase or shape; the probe traces every 10 min)
     ms = float(last.get("kernel_ms_per_step"))
+    # the steps the trace itself slowed (CUPTI records each launch; its stop and reading take up
+    # to ~1.4 s: one RNN job lost 1.05 s of steps) are not the job's: the step it is divided by
+    # leaves out the probe windows of the trace's span
+    traced_at = last.t - age
+    rest = pool_steps([s for s in samples if not traced_at <= s.t <= traced_at + KERNEL_TRACE_SPAN_S])
+    if rest.timed_steps and rest.step_s_sum > 0:
+        step_ms = rest.step_ms_mean
     sig.set("probe.kernel_ms_per_step", ms)
     sig.set("probe.kernel_busy", min(1.0, ms / step_ms))
 
