@@ -174,11 +174,14 @@ def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> l
             return j.get("primary") or "nothing"
         fixed = row.get("fixed") or {}
         m_fixed = measured("fixed")
-        row["partial_fix"] = bool(fixed and wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
+        # (the cause gputop named on the label's fix must be the one the second fix removes)
+        named_second = bool(fixed) and fixed.get("primary") == job.second_cause
+        row["partial_fix"] = bool(named_second and wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
         row["second_pairs"] = []
-        for variant, j in (("as_is", row["as_is"]), ("fixed", fixed)):
+        # (a pair only where the call was right: the label's cause as it is, the second's on the fix)
+        for variant, j, right in (("as_is", row["as_is"], row["right"]), ("fixed", fixed, named_second)):
             m = measured(variant)
-            if m is not None and j.get("primary") in CAUSES and j.get("gain") is not None:
+            if right and m is not None and j.get("primary") in CAUSES and j.get("gain") is not None:
                 row["second_pairs"].append((j["gain"], m, abs(j["gain"] - m) <= max(GAIN_ABS, GAIN_REL * abs(m))))
         out.append(f"  {job.name}: second fix ({job.second_fix}) {gain('as_is')} over as it is "
                    f"(gputop: {pred(row['as_is'])}), {gain('fixed')} over the label's fix "

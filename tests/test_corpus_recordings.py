@@ -388,3 +388,33 @@ def test_the_allocator_jobs_exploring_knobs_refuse_bad_values_in_one_line(env):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert next(iter(env)) in r.stderr
+
+
+def test_a_label_fix_is_partial_only_where_gputop_named_the_cause_the_second_fix_removes():
+    """The score counts a label's fix as partial (gputop's cause on its fixed job right) where a
+    second fix gained >= 10% over it -- but only if the cause gputop named there is the one the
+    second fix removes (the manifest's ``second_cause``): an io_stall named on the MLP's fixed job
+    would not be made right by a CUDA graph's gain. Nor is a pair measured for a wrong call."""
+    import dataclasses
+
+    from benchmarks.corpus_score import second_fixes
+
+    import manifest
+
+    job = next(j for j in manifest.JOBS if j.name == "small_mlp_launch")
+    assert job.second_cause == "launch_bound"
+    results = {(job.name, v): {"steps_per_s": r} for v, r in (("as_is", 143.2), ("fixed", 364.3), ("second", 953.7))}
+
+    def row(fixed_primary: str, as_is_right: bool = True) -> dict:
+        return {"right": as_is_right, "as_is": {"primary": "launch_bound", "gain": 4.11},
+                "fixed": {"primary": fixed_primary, "gain": 1.65}}
+
+    rows = {job.name: row("launch_bound")}
+    second_fixes([job], [], results, rows)
+    assert rows[job.name]["partial_fix"] and [p[2] for p in rows[job.name]["second_pairs"]] == [True, True]
+    rows = {job.name: row("io_stall")}
+    second_fixes([job], [], results, rows)
+    assert not rows[job.name]["partial_fix"] and len(rows[job.name]["second_pairs"]) == 1
+    rows = {job.name: row("launch_bound", as_is_right=False)}
+    second_fixes([dataclasses.replace(job, second_cause="io_stall")], [], results, rows)
+    assert not rows[job.name]["partial_fix"] and rows[job.name]["second_pairs"] == []

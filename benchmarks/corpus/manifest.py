@@ -33,6 +33,11 @@ class Job:
     # apart by benchmarks/corpus_score.py: the score is always the label's fix's
     second_flags: tuple[str, ...] = ()
     second_fix: str = ""
+    # the verdict id of the cause the second fix removes: a label's fix counts as partial (the call
+    # on its fixed job right) only where gputop named this cause there, and the second fix measures
+    # it (written with the second fix, before the score read it: a review of the sixth session of
+    # 2026-12-06 asked for it)
+    second_cause: str | None = None
 
 
 JOBS: tuple[Job, ...] = (
@@ -58,7 +63,8 @@ JOBS: tuple[Job, ...] = (
         "nn.LSTM over the whole sequence (cuDNN)",
         # cuDNN also cuts the GPU's own work (+609% against +187% predicted): does removing the
         # launches alone give what gputop predicts?
-        second_flags=("--graph-step",), second_fix="the cells' forward, loss and backward in one CUDA graph"),
+        second_flags=("--graph-step",), second_fix="the cells' forward, loss and backward in one CUDA graph",
+        second_cause="launch_bound"),
     Job("tv_resnet_batch1_infer", "torchvision", "launch_bound",
         "torchvision ResNet-50 inference at batch size 1", "capture the forward pass in a CUDA graph",
         # 14 s cropped 5 s into training left too little to judge (attached late: no verdict
@@ -69,12 +75,14 @@ JOBS: tuple[Job, ...] = (
         "torch.cuda.make_graphed_callables on the model", holdout=True,
         # the label's fix left the job launch_bound (CPU 98% busy, GPU 30%): gputop said +139% more
         second_flags=("--graph-step",),
-        second_fix="forward, loss and backward in one CUDA graph, the fused optimizer outside"),
+        second_fix="forward, loss and backward in one CUDA graph, the fused optimizer outside",
+        second_cause="launch_bound"),
     Job("sync_item_in_loop", "nanogpt", "sync_stall",
         "nanoGPT-style loop reading each layer's activation norm with .item() every step",
         "keep the norms on the GPU and read them every 50 steps",
         # the label's fix gained +1-5% (refuted); gputop named the model's own launches instead
-        second_flags=("--compile",), second_fix="torch.compile(mode='reduce-overhead'), no norm watch"),
+        second_flags=("--compile",), second_fix="torch.compile(mode='reduce-overhead'), no norm watch",
+        second_cause="launch_bound"),
     Job("lightning_sync_metrics", "lightning", "sync_stall",
         "Lightning module computing its metrics with .item() and .cpu().numpy() in every training_step",
         "log the metric tensors (self.log) without reading them on the host"),
@@ -97,7 +105,8 @@ JOBS: tuple[Job, ...] = (
         also=("optimizer_offload",),
         # the fixed job was judged h2d_copy_bound (+69% on the H200, +58% on an H100): its per-step index copies
         second_flags=("--fixed", "--gpu-batches"),
-        second_fix="the tables on the GPU and the batches staged there once"),
+        second_fix="the tables on the GPU and the batches staged there once",
+        second_cause="h2d_copy_bound"),
     Job("ckpt_every_2s", "nanogpt", "io_stall",
         "nanoGPT-style loop saving model and optimizer with torch.save every 2 s",
         "save every 10 minutes", holdout=True,
