@@ -47,6 +47,8 @@ START_S = 8.0           # ... and this long since then (warm-up: autotuning, all
 EVERY_S = 600.0         # and again this often
 MIN_CUDA = (12, 6)      # CUPTI teardown and re-init with CUDA graphs crash before this (torch's profiler)
 COPY_PREFIXES = ("Memcpy", "Memset")   # a trace's copy and memset records: not kernels
+MAX_EVENTS = 200_000    # a trace's events read at most (~0.1-0.2 s of the GIL in Python; ten launch-bound
+                        # steps are a few thousand)
 MIN_COUNTED_STEPS = 2   # a trace over fewer steps is not counted (its edges weigh on a lone step)
 CAPTURE_QUIET_S = 60.0  # no trace this soon after the job captured a CUDA graph itself ...
 CAPTURE_WAIT_S = 30.0   # ... and a trace's stop waits this long at most for a capture begun during it
@@ -251,7 +253,11 @@ class KernelSampler:
             return
         by_device: dict = {}
         cuda = torch.autograd.DeviceType.CUDA
-        for e in prof.kineto_results.events():
+        for i, e in enumerate(prof.kineto_results.events()):
+            if i >= MAX_EVENTS:
+                # (this loop holds the GIL in the job's process: a trace this large is not read)
+                self.off = f"the trace held more than {MAX_EVENTS} events: not read (it would hold the job's GIL)"
+                return
             if e.device_type() != cuda or e.name().startswith(COPY_PREFIXES):
                 continue
             span = _span(e)

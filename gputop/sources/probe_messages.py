@@ -166,7 +166,7 @@ def kernel_data(w: dict) -> dict:
     f = w.get("kernel")
     if not isinstance(f, dict):
         return {"kernel_ms_per_step": None, "kernel_sample_age_s": None,
-                "kernel_off": "this probe does not sample kernels (a gputop older than that)"}
+                "kernel_off": "off: this probe does not sample kernels (a gputop older than that)"}
     ms, age = _num(f.get("ms_per_step")), _num(f.get("age_s"))
     ok = ms is not None and ms > 0 and age is not None and age >= 0
     return {"kernel_ms_per_step": _r(ms, 4) if ok else None, "kernel_sample_age_s": _r(age, 1) if ok else None,
