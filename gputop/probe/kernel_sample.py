@@ -211,6 +211,7 @@ class KernelSampler:
         if why is None and _captured_lately(hooks):
             why = (f"the job captured a CUDA graph in the last {CAPTURE_QUIET_S:.0f} s (another may follow, and a "
                    "trace's stop synchronizes the device, which a capture does not survive)")
+            self.next_at = now + CAPTURE_QUIET_S   # (tried again after a quiet minute, not in EVERY_S)
         if why is not None:
             # (and the last sample goes: it measured kernels from before this -- other code, or
             # other graphs -- which the verdicts would read as today's)
