@@ -50,6 +50,7 @@ COPY_PREFIXES = ("Memcpy", "Memset")   # a trace's copy and memset records: not 
 MAX_EVENTS = 200_000    # a trace's events read at most (~0.1-0.2 s of the GIL in Python; ten launch-bound
                         # steps are a few thousand)
 MIN_COUNTED_STEPS = 2   # a trace over fewer steps is not counted (its edges weigh on a lone step)
+PAUSE_RETRY_S = 30.0    # a trace that found no step boundary (a pause) is tried again this soon
 CAPTURE_QUIET_S = 60.0  # no trace this soon after the job captured a CUDA graph itself ...
 CAPTURE_WAIT_S = 30.0   # ... and a trace's stop waits this long at most for a capture begun during it
 
@@ -226,6 +227,9 @@ class KernelSampler:
             time.sleep(POLL_S)
         if p.step_total == first or stop.is_set():
             self.off = f"no step boundary within {BOUNDARY_WAIT_S:.0f} s: no trace this time (a pause in stepping)"
+            # (a checkpoint or an evaluation: tried again soon, not in EVERY_S -- a job that saves
+            # every 2 s met its save on the H100 and would have waited 10 min)
+            self.next_at = now + PAUSE_RETRY_S
             return
         prof = torch.autograd.profiler.profile(use_kineto=True, use_cpu=False, use_device="cuda")
         ended = False
