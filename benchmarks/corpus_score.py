@@ -179,7 +179,10 @@ def second_fixes(jobs, dirs: list[pathlib.Path], results: dict, rows: dict) -> l
         row["partial_fix"] = bool(named_second and wrong_cause(fixed) and m_fixed is not None and m_fixed >= GAIN_NOTE)
         row["second_pairs"] = []
         # (a pair only where the call was right: the label's cause as it is, the second's on the fix)
-        for variant, j, right in (("as_is", row["as_is"], row["right"]), ("fixed", fixed, named_second)):
+        # (as it is: the second fix removes the label's cause only where that is its cause too --
+        # the recommender's removes the offload and the copies: its gain is not the offload's alone)
+        as_is_right = row["right"] and job.second_cause in (job.cause, row["as_is"].get("primary"))
+        for variant, j, right in (("as_is", row["as_is"], as_is_right), ("fixed", fixed, named_second)):
             m = measured(variant)
             if right and m is not None and j.get("primary") in CAUSES and j.get("gain") is not None:
                 row["second_pairs"].append((j["gain"], m, abs(j["gain"] - m) <= max(GAIN_ABS, GAIN_REL * abs(m))))

@@ -418,3 +418,9 @@ def test_a_label_fix_is_partial_only_where_gputop_named_the_cause_the_second_fix
     rows = {job.name: row("launch_bound", as_is_right=False)}
     second_fixes([dataclasses.replace(job, second_cause="io_stall")], [], results, rows)
     assert not rows[job.name]["partial_fix"] and rows[job.name]["second_pairs"] == []
+    # a second fix that removes more than the cause named as it is (the recommender's: the offload
+    # and the copies) measures no pair for that call
+    rows = {job.name: row("h2d_copy_bound")}
+    rows[job.name]["as_is"]["primary"] = "optimizer_offload"
+    second_fixes([dataclasses.replace(job, cause="host_bound", second_cause="h2d_copy_bound")], [], results, rows)
+    assert rows[job.name]["partial_fix"] and len(rows[job.name]["second_pairs"]) == 1

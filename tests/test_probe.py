@@ -870,6 +870,7 @@ def test_the_kernel_trace_keeps_clear_of_cuda_graph_captures():
     torch.cuda.graphs.CUDAGraph, a capture that fails (no CUDA) leaves nothing open, and the
     install is undone; without the opt-in nothing is patched."""
     import types
+    import weakref
 
     import torch
 
@@ -882,7 +883,8 @@ def test_the_kernel_trace_keeps_clear_of_cuda_graph_captures():
     probe = types.SimpleNamespace(kernel_sampler=types.SimpleNamespace(on=False),
                                   set_hook=lambda name, state, msg="": hooks_said.__setitem__(name, state))
     hooks = TorchHooks.__new__(TorchHooks)
-    hooks.probe, hooks.torch, hooks._undo, hooks.captures_open, hooks.last_capture_t = probe, torch, [], 0, None
+    hooks.probe, hooks.torch, hooks._undo, hooks.last_capture_t = probe, torch, [], None
+    hooks.open_graphs = weakref.WeakSet()
     hooks._install_graph_capture()
     assert (cls.capture_begin, cls.capture_end) == orig and "graph_capture" not in hooks_said   # not asked for
     probe.kernel_sampler.on = True
@@ -896,8 +898,14 @@ def test_the_kernel_trace_keeps_clear_of_cuda_graph_captures():
         assert ks._captured_lately(hooks)      # ... and a trace waits CAPTURE_QUIET_S after it
         hooks.last_capture_t -= ks.CAPTURE_QUIET_S + 1
         assert not ks._captured_lately(hooks)
-        hooks.captures_open = 1                # one under way: never
-        assert ks._captured_lately(hooks)
+        class Graph:
+            pass
+        g = Graph()
+        hooks.open_graphs.add(g)               # one under way: never
+        assert hooks.captures_open == 1 and ks._captured_lately(hooks)
+        hooks.last_capture_t -= ks.CAPTURE_QUIET_S + 1
+        del g                                  # a capture begun and dropped, never ended: counts no more
+        assert hooks.captures_open == 0 and not ks._captured_lately(hooks)
     finally:
         for undo in reversed(hooks._undo):
             undo()

@@ -256,14 +256,14 @@ class StallDetector:
         medians = [self.step_s[p] for p in pids if p in self.step_s]
         median = statistics.median(medians) if medians else None
         threshold = max(self.min_s, self.factor * median) if median is not None else self.min_s
-        if quiet_of and min(quiet_of.values()) >= threshold and any(
-                not probed_of[p] and self._loading(store, p, moments_of[p], max(self.last_step[p], self.paused_t), now)
-                for p in quiet_of):
+        if quiet_of and min(quiet_of.values()) >= threshold and not any(probed_of[p] for p in quiet_of) and any(
+                self._loading(store, p, moments_of[p], max(self.last_step[p], self.paused_t), now) for p in quiet_of):
             # a rank stepped from its stacks whose quiet stretch is a wait for data with its workers
             # busy is loading, not stopped (the agent's 2 samples a second can miss every backward
             # of an input-bound loop for longer than the threshold, as they can the idle test's
             # 30 s; the probe counts steps and needs no such allowance); its peers wait for it in
-            # their collectives, so the job is loading (synchronous ranks step together)
+            # their collectives, so the job is loading (synchronous ranks step together); not where a
+            # rank's probe counts its steps and says it has stopped
             quiet_of = {}
         quiet = list(quiet_of.values())
         self.idle_since = self._idle_since(store, now, moments_of, gpus, window)

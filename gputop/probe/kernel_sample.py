@@ -52,7 +52,9 @@ MAX_EVENTS = 200_000    # a trace's events read at most (~0.1-0.2 s of the GIL i
 MIN_COUNTED_STEPS = 2   # a trace over fewer steps is not counted (its edges weigh on a lone step)
 PAUSE_RETRY_S = 30.0    # a trace that found no step boundary (a pause) is tried again this soon
 CAPTURE_QUIET_S = 60.0  # no trace this soon after the job captured a CUDA graph itself ...
-CAPTURE_WAIT_S = 30.0   # ... and a trace's stop waits this long at most for a capture begun during it
+CAPTURE_WAIT_S = 30.0   # ... and a trace's stop waits this long at most for a capture begun during it ...
+CAPTURE_GAP_S = 2.0     # ... and this long after one ends (another may follow at once)
+PAUSE_RETRIES = 3       # tries in a row tried again PAUSE_RETRY_S later (then EVERY_S)
 
 
 def wanted(env=None) -> bool:
@@ -167,7 +169,8 @@ class KernelSampler:
         self.result: dict | None = None     # the latest sample
         self.next_at: float | None = None   # when the next trace may start (monotonic)
         self.start_steps: int | None = None
-        self.last_at: float | None = None   # the last trace tried: at most one every EVERY_S, monitors or not
+        self.last_at: float | None = None   # the last trace taken: at most one every EVERY_S, monitors or not
+        self.pause_misses = 0               # tries in a row that found no step boundary
 
     def tick(self, now: float) -> None:
         p = self.p
@@ -190,7 +193,6 @@ class KernelSampler:
         if now < self.next_at or p.step_total < self.start_steps:
             return
         self.next_at = now + EVERY_S
-        self.last_at = now
         try:
             self._sample(now)
         except Exception as e:
@@ -226,27 +228,42 @@ class KernelSampler:
         while p.step_total == first and time.monotonic() - t0 < BOUNDARY_WAIT_S and not stop.is_set():
             time.sleep(POLL_S)
         if p.step_total == first or stop.is_set():
-            self.off = f"no step boundary within {BOUNDARY_WAIT_S:.0f} s: no trace this time (a pause in stepping)"
+            self.off = (f"no step boundary within {BOUNDARY_WAIT_S:.0f} s: no trace this time (a pause in "
+                        "stepping, or steps longer than that)")
             # (a checkpoint or an evaluation: tried again soon, not in EVERY_S -- a job that saves
-            # every 2 s met its save on the H100 and would have waited 10 min)
-            self.next_at = now + PAUSE_RETRY_S
+            # every 2 s met its save on the H100 and would have waited 10 min; but steps longer
+            # than the wait miss it every time: after PAUSE_RETRIES misses, EVERY_S again)
+            self.pause_misses += 1
+            if self.pause_misses <= PAUSE_RETRIES:
+                self.next_at = now + PAUSE_RETRY_S
+            return
+        self.pause_misses = 0
+        if _captured_lately(hooks):   # (one may have begun at that boundary, as captures do)
+            self.off, self.result = "a CUDA graph capture began: no trace now", None
+            self.next_at = now + CAPTURE_QUIET_S
             return
         prof = torch.autograd.profiler.profile(use_kineto=True, use_cpu=False, use_device="cuda")
         ended = False
+        self.last_at = now
         try:
             prof.__enter__()
             steps0, t_on = p.step_total, time.monotonic()
             ended = wait_window(p, stop, t_on)
             steps = p.step_total - steps0
             t1 = time.monotonic()
-            # a capture the job began meanwhile: stop only once it has ended (the stop synchronizes)
-            while getattr(hooks, "captures_open", 0) and time.monotonic() - t1 < CAPTURE_WAIT_S:
+            # a capture the job began meanwhile: stop only once it has ended, and CAPTURE_GAP_S
+            # after (make_graphed_callables captures a forward then a backward, with a sync between
+            # them): the stop synchronizes; after CAPTURE_WAIT_S it stops anyway (a capture that long
+            # is not a capture torch makes), which such a capture might not survive
+            while time.monotonic() - t1 < CAPTURE_WAIT_S and (getattr(hooks, "captures_open", 0) or (
+                    getattr(hooks, "last_capture_t", None) or float("-inf")) > time.monotonic() - CAPTURE_GAP_S):
                 time.sleep(POLL_S)
             prof.__exit__(None, None, None)
         finally:
             _disable_if_on(torch)   # (a start or a stop that raised: CUPTI must not stay on)
         if (getattr(hooks, "last_capture_t", None) or float("-inf")) >= t_on:
             self.off = "the job captured a CUDA graph during the trace (its kernels are recorded, not run): not counted"
+            self.result, self.next_at = None, now + CAPTURE_QUIET_S
             return
         if ended and steps < MIN_COUNTED_STEPS:
             # (the trace's edges -- CUPTI's start-up, the stop's synchronize -- weigh on a lone step)
@@ -258,11 +275,12 @@ class KernelSampler:
             return
         by_device: dict = {}
         cuda = torch.autograd.DeviceType.CUDA
-        for i, e in enumerate(prof.kineto_results.events()):
-            if i >= MAX_EVENTS:
-                # (this loop holds the GIL in the job's process: a trace this large is not read)
-                self.off = f"the trace held more than {MAX_EVENTS} events: not read (it would hold the job's GIL)"
-                return
+        events = prof.kineto_results.events()
+        if len(events) > MAX_EVENTS:
+            # (reading them holds the GIL in the job's process: a trace this large is not read)
+            self.off = f"the trace held {len(events)} events, more than {MAX_EVENTS}: not read"
+            return
+        for e in events:
             if e.device_type() != cuda or e.name().startswith(COPY_PREFIXES):
                 continue
             span = _span(e)

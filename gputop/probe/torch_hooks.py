@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 from gputop.probe import wire
 from gputop.probe.amp_scaler import ScalerWatch
@@ -62,7 +63,9 @@ class TorchHooks(SyncCapture):
         self.autocast: set[str] = set()
         self.compile_calls: list[dict] = []
         self.compile_count = 0
-        self.captures_open = 0             # CUDA graph captures under way (for the kernel trace only)
+        # CUDA graphs being captured (for the kernel trace only): weak, so a graph whose capture
+        # the job began and never ended (an exception between, the graph dropped) stops counting
+        self.open_graphs: weakref.WeakSet = weakref.WeakSet()
         self.last_capture_t: float | None = None   # monotonic time a capture last began or ended
         self.compiles = CompileWatch()     # dynamo's compilations, read per window (probe thread)
         self.optimizer_calls = 0           # optimizer steps torch's global hook saw
@@ -297,6 +300,11 @@ class TorchHooks(SyncCapture):
         self.compile_on = True
         p.set_hook("compile", "on", "notes torch.compile calls")
 
+    @property
+    def captures_open(self) -> int:
+        """CUDA graph captures under way (begun, not ended, the graph still alive)."""
+        return len(self.open_graphs)
+
     def _install_graph_capture(self) -> None:
         """Only where the job asked for kernel traces (gputop/probe/kernel_sample.py): note the CUDA
         graph captures the job makes itself (``torch.cuda.graph``, ``make_graphed_callables``, a
@@ -311,14 +319,20 @@ class TorchHooks(SyncCapture):
         begin, end = cls.capture_begin, cls.capture_end
         hooks = self
 
+        def note(graph, on: bool) -> None:
+            try:
+                (hooks.open_graphs.add if on else hooks.open_graphs.discard)(graph)
+            except TypeError:   # (an object that takes no weak reference: counted by time alone)
+                pass
+            hooks.last_capture_t = time.monotonic()
+
         @functools.wraps(begin)
         def capture_begin(graph, *args, **kwargs):
-            hooks.captures_open += 1   # (before the call: a trace must not start while it may be under way)
-            hooks.last_capture_t = time.monotonic()
+            note(graph, True)   # (before the call: a trace must not start while it may be under way)
             try:
                 return begin(graph, *args, **kwargs)
             except BaseException:
-                hooks.captures_open = max(0, hooks.captures_open - 1)
+                note(graph, False)
                 raise
 
         @functools.wraps(end)
@@ -326,8 +340,7 @@ class TorchHooks(SyncCapture):
             try:
                 return end(graph, *args, **kwargs)
             finally:
-                hooks.captures_open = max(0, hooks.captures_open - 1)
-                hooks.last_capture_t = time.monotonic()
+                note(graph, False)
 
         cls.capture_begin, cls.capture_end = capture_begin, capture_end
         self._undo.append(lambda: (setattr(cls, "capture_begin", begin), setattr(cls, "capture_end", end)))

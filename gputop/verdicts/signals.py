@@ -57,9 +57,9 @@ class Signals:
 
 _NUMBER_TYPES = (int, float)  # exact types: a bool is not a number here
 KERNEL_SAMPLE_STALE_S = 1200.0   # a kernel trace older than this is not read (twice the probe's EVERY_S)
-# a trace's span, from its start: its window (at most 3 s), its stop and reading (up to ~1.4 s measured)
-# and a probe window's lag (up to 1 s)
-KERNEL_TRACE_SPAN_S = 6.0
+# a trace's span, from the tick that started it: the wait for a step boundary (up to 1 s), its window
+# (up to 3 s), its stop and reading (up to ~1.4 s measured), with room for a slow stop (a deep queue)
+KERNEL_TRACE_SPAN_S = 8.0
 
 
 def _total(nums: list) -> float:
