@@ -910,3 +910,105 @@ def test_the_kernel_trace_keeps_clear_of_cuda_graph_captures():
         for undo in reversed(hooks._undo):
             undo()
     assert (cls.capture_begin, cls.capture_end) == orig
+
+
+def test_the_kernel_samplers_schedule_a_capture_during_a_trace_and_pauses():
+    """The sampler's decisions around a trace, on a real stepping thread. The profiler is a
+    stand-in (CUPTI needs a GPU, which CI has not; the real one ran on H100s, docs/benchmarks.md
+    "Sixth session of 2026-12-06"): a trace over whole steps gives the kernels' union per step; a
+    CUDA graph capture the job begins during a trace leaves it uncounted, drops the sample and
+    tries again in a minute; a pause in stepping is tried again 30 s later, three times, then in
+    10 minutes."""
+    import types
+
+    from gputop.probe import kernel_sample as ks
+
+    entered = threading.Event()
+
+    class Event:
+        def __init__(self, name, start, dur):
+            self._n, self._s, self._d = name, start, dur
+
+        def device_type(self):
+            return "CUDA"
+
+        def name(self):
+            return self._n
+
+        def start_ns(self):
+            return self._s
+
+        def duration_ns(self):
+            return self._d
+
+        def device_index(self):
+            return 0
+
+    class Profile:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            entered.set()
+            return self
+
+        def __exit__(self, *a):
+            # 10 ms of kernels (two overlapping, once), a copy that is not a kernel
+            self.kineto_results = types.SimpleNamespace(events=lambda: [
+                Event("gemm", 0, 8_000_000), Event("relu", 6_000_000, 4_000_000), Event("Memcpy HtoD", 0, 5)])
+
+    torch = types.SimpleNamespace(
+        version=types.SimpleNamespace(cuda="12.8"),
+        autograd=types.SimpleNamespace(profiler=types.SimpleNamespace(profile=Profile, _is_profiler_enabled=False),
+                                       DeviceType=types.SimpleNamespace(CUDA="CUDA")),
+        _C=types.SimpleNamespace(_autograd=types.SimpleNamespace(_profiler_enabled=lambda: False)))
+    hooks = types.SimpleNamespace(compile_count=0, captures_open=0, last_capture_t=None)
+    p = types.SimpleNamespace(step_total=0, monitoring=True, cuda_events_on=True, cuda_device=0, torch=torch,
+                              torch_hooks=hooks, _stop=threading.Event(), hook_failed=lambda n, e: None)
+    stepping, done = threading.Event(), threading.Event()
+    stepping.set()
+
+    def train():
+        while not done.is_set():
+            time.sleep(0.01)
+            if stepping.is_set():
+                p.step_total += 1
+
+    threading.Thread(target=train, daemon=True).start()
+    s = ks.KernelSampler(p)
+    s.on = True
+    try:
+        now = time.monotonic()
+        s._sample(now)
+        r = s.message(time.monotonic())
+        assert r["off"] is None and r["steps"] >= ks.MIN_STEPS and abs(r["ms_per_step"] - 10.0 / r["steps"]) < 1e-3, r
+        assert s.last_at == now
+        # a capture begun during the trace
+        entered.clear()
+
+        def capture():
+            entered.wait(5)
+            time.sleep(0.05)
+            hooks.last_capture_t = time.monotonic()
+
+        threading.Thread(target=capture, daemon=True).start()
+        now = time.monotonic()
+        s._sample(now)
+        assert s.result is None and "captured a CUDA graph during the trace" in s.off
+        assert s.next_at == now + ks.CAPTURE_QUIET_S
+        # ... and within CAPTURE_QUIET_S of it, no trace
+        entered.clear()
+        s._sample(time.monotonic())
+        assert not entered.is_set() and "captured a CUDA graph in the last" in s.off
+        hooks.last_capture_t = None
+        # a pause in stepping: 30 s, three times, then EVERY_S
+        stepping.clear()
+        for i in range(ks.PAUSE_RETRIES + 1):
+            now = time.monotonic()
+            s.next_at = now + ks.EVERY_S     # (as tick sets it before each try)
+            s._sample(now)
+            assert "no step boundary" in s.off
+            want = ks.PAUSE_RETRY_S if i < ks.PAUSE_RETRIES else ks.EVERY_S
+            assert s.next_at == now + want, (i, s.next_at - now)
+    finally:
+        done.set()
