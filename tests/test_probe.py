@@ -223,6 +223,10 @@ def test_config_facts(basic_run):
     # no kernel trace unless the job's environment asks for one (it costs the job: kernel_sample.py)
     assert last["kernel_ms_per_step"] is None and "GPUTOP_KERNEL_SAMPLE=1" in last["kernel_off"]
     assert cfg["step_source"] == "optimizer"
+    # a training job's model calls are never steps: the forward-steps finder never arms (this job
+    # called torch.compile before its first optimizer step: the first reason seen is said)
+    state, why = cfg["hooks"]["forward_steps"]
+    assert state == "off" and ("optimizer" in why or "torch.compile" in why), why
     assert cfg["float32_matmul_precision"] in ("highest", "high", "medium")
 
 

@@ -540,6 +540,8 @@ def report_lines(section: dict) -> list[str]:
         out.append(f"{who}: {r['steps']} steps, {_fmt(r['steps_per_s'], ' steps/s', 2)} while training; "
                    f"step mean {_fmt(sm['mean'], ' ms')}, "
                    f"p50 {_fmt(sm['p50'], ' ms')}, p90 {_fmt(sm['p90'], ' ms')}, max {_fmt(sm['max'], ' ms')}")
+        if r.get("step_source") == "forward":
+            out.append("  steps are the model's calls: the job steps no optimizer (inference, or evaluation alone)")
         wait = r["data_wait_share"]
         gpu = (f"GPU {_fmt(r['gpu_ms_per_step'], ' ms')}" if r["gpu_ms_per_step"] is not None
                else f"GPU n/a ({r['gpu_info']})")

@@ -147,6 +147,16 @@ class Probe(ProbeServer):
         self.step_source = "marker"
         self.boundary(_mono())
 
+    def on_forward_step(self, now: float) -> None:
+        """A call of the model in a job that steps no optimizer (forward_steps.py); an optimizer
+        step or a marker, once seen, marks the steps instead."""
+        if self.marker_mode or self.step_source == "optimizer":
+            return
+        if self.step_source != "forward":
+            self.step_source = "forward"
+            self.config_dirty = True
+        self.boundary(now)
+
     def boundary(self, now: float) -> None:
         last = self.last_boundary
         self.last_boundary = now

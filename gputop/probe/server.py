@@ -480,6 +480,12 @@ class ProbeServer:
             except Exception as e:
                 self._note(f"probe could not update its hooks: {type(e).__name__}: {e}")
             try:
+                if th.forward_steps is not None:
+                    th.forward_steps.tick(now)   # a job with no optimizer: the model's calls as steps
+            except Exception as e:
+                th.forward_steps.stop(f"failed: {type(e).__name__}: {e}")
+                self._note(f"probe forward steps failed: {type(e).__name__}: {e}")
+            try:
                 self.kernel_sampler.tick(now)   # (a trace, when one is due: it takes WINDOW_S and more)
             except Exception as e:
                 self._note(f"probe kernel sample failed: {type(e).__name__}: {e}")

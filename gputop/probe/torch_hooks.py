@@ -15,6 +15,8 @@ Hooks:
 - ``grad_scaler``: wraps ``torch.amp.GradScaler.step``/``update`` to count skipped steps
   (amp_scaler.py: a step call during which the optimizer hook did not fire).
 - ``cuda_events``: CUDA events at step boundaries (core.Probe), only with a monitor attached.
+- ``forward_steps``: in a job that steps no optimizer, the model's calls as steps
+  (forward_steps.py: global module hooks for a few calls to find it, then its class's ``__call__``).
 - ``syncs``: ``torch.cuda.set_sync_debug_mode("warn")`` while a monitor is attached and CUDA is
   in use; each implicit sync then raises a UserWarning at the Python line that caused it, which
   a wrapper of ``warnings._showwarnmsg`` counts (and hides) instead of showing. A wrapper of
@@ -99,6 +101,12 @@ class TorchHooks(SyncCapture):
             except Exception as e:  # an API that moved: skip the hook, say which
                 p.set_hook(name, "unavailable",
                            f"could not install on torch {torch.__version__}: {type(e).__name__}: {e}")
+        self.forward_steps = None          # steps of a job with no optimizer (gputop/probe/forward_steps.py)
+        try:
+            from gputop.probe.forward_steps import ForwardSteps
+            self.forward_steps = ForwardSteps(p, torch)
+        except Exception as e:
+            p.set_hook("forward_steps", "unavailable", f"{type(e).__name__}: {e}")
         try:
             from gputop.probe.flops import FlopCounter
             p.flops = FlopCounter(p, torch)
@@ -134,6 +142,8 @@ class TorchHooks(SyncCapture):
     def uninstall(self) -> None:
         self.opt_on = self.dl_on = self.amp_on = self.compile_on = False
         self.scaler.on = False
+        if getattr(self, "forward_steps", None) is not None:
+            self.forward_steps.stop("the probe was removed")
         if getattr(self, "collectives", None) is not None:
             self.collectives.uninstall()
         try:
@@ -158,6 +168,8 @@ class TorchHooks(SyncCapture):
             self.compile_on = False
         elif name == "grad_scaler":
             self.scaler.on = False
+        elif name == "forward_steps" and getattr(self, "forward_steps", None) is not None:
+            self.forward_steps.stop("failed: switched off")
         elif name in ("collectives", "ddp_comm") and getattr(self, "collectives", None) is not None:
             self.collectives.disable(name)
         elif name == "syncs":

@@ -231,7 +231,8 @@ class StepsPanel(TextPanel):
             t.append(f" rank {latest.get('rank')}", style=STYLE_LABEL)
         src = cfg.get("step_source") if cfg is not None else None
         t.append(f"  {latest.get('step_total') or 0} steps"
-                 + (" (optimizer.step)" if src == "optimizer" else " (gputop.probe.step())" if src == "marker" else ""))
+                 + {"optimizer": " (optimizer.step)", "marker": " (gputop.probe.step())",
+                    "forward": " (model calls: no optimizer step)"}.get(src, ""))
         age = snap.now - latest.t
         if age > STALE_S:
             t.append(f"  no data for {fmt.duration(age)}", style=STYLE_BAD)
@@ -240,7 +241,8 @@ class StepsPanel(TextPanel):
             if cfg is not None and cfg.get("torch") is None:
                 t.append(fmt.clean(cfg.get("torch_info") or "torch is not imported"), style=STYLE_DIM)
             else:
-                t.append("no timed step yet: steps are counted at optimizer.step() (or gputop.probe.step())",
+                t.append("no timed step yet: steps are counted at optimizer.step(), gputop.probe.step(), or a "
+                     "job's model calls when it steps no optimizer",
                          style=STYLE_DIM)
             return t
         d = w.data

@@ -1,0 +1,187 @@
+"""Steps of a job that steps no optimizer: the model's calls (gputop/probe/forward_steps.py).
+
+In-process checks on real torch modules (how the model is found, what the probe leaves on the
+job's objects: nothing that deepcopy or torch.save would carry), then an inference job end to
+end under `gputop run`'s probe with a real monitor, against the job's own count.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gputop.probe.core import Probe
+from gputop.probe.forward_steps import ARM_AFTER_S, ENGAGE_S, ForwardSteps
+from gputop.session.launch import launch_with_probe
+from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_STEP
+from tests.test_probe import env_with_dir, finish, start_client, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+INFER = str(ROOT / "tests" / "workloads" / "probe_infer.py")
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, on_call=None) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.on_call = on_call     # called inside forward (arming mid-call), then cleared
+
+    def forward(self, x, fail: bool = False):
+        for i, b in enumerate(self.blocks):
+            x = b(x)
+            if i == 0 and self.on_call is not None:
+                fn, self.on_call = self.on_call, None
+                fn()
+            if fail:
+                raise ValueError("a batch the model rejects")
+        return x
+
+
+def _armed(clock=None) -> tuple[Probe, ForwardSteps]:
+    p = Probe(dormant=False, origin="install")
+    p.torch = torch
+    p.monitoring = True
+    fs = ForwardSteps(p, torch)
+    fs.t_torch -= ARM_AFTER_S + 1   # torch came in long enough ago
+    return p, fs
+
+
+def _global_hooks() -> int:
+    m = torch.nn.modules.module
+    return len(m._global_forward_hooks) + len(m._global_forward_pre_hooks)
+
+
+def test_the_model_is_found_even_when_looking_starts_inside_its_call_and_nothing_stays_on_it():
+    p, fs = _armed()
+    x = torch.randn(2, 8)
+    net = Net(on_call=lambda: fs.tick(p_now()))   # the probe thread's tick lands mid-forward
+    other = Net()                                 # another instance of the class: never a step
+    before = _global_hooks()
+    try:
+        with torch.inference_mode():
+            net(x)                    # learning starts inside this call (two blocks still to run)
+            assert fs.state == "learning"
+            with pytest.raises(ValueError):
+                net(x, fail=True)     # an exception inside a call: the depth comes back (always_call)
+            net(x)
+            net(x)                    # the third top-level call of the same module: found
+        assert fs.state == "on" and fs.model_ref() is net, (fs.state, fs.why)
+        assert "Net" in fs.model_name and "Block" not in fs.model_name
+        assert _global_hooks() == before, "the learning hooks must go once the model is known"
+        # Nothing on the instance: a deep copy and torch.save carry no probe function.
+        assert not net._forward_hooks and not net._forward_pre_hooks
+        twin = copy.deepcopy(net)
+        buf = io.BytesIO()
+        torch.save(net, buf)
+        assert buf.tell() > 0
+        fs.first_call_t = p_now() - ENGAGE_S - 1      # engaged: calls are steps from now on
+        n0 = p.step_total
+        with torch.inference_mode():
+            for _ in range(5):
+                net(x)
+                other(x)
+                twin(x)
+        assert p.step_total - n0 == 5, "only the model's own calls are steps (not a copy, not a twin)"
+        assert p.step_source == "forward"
+        # An optimizer step seen later: the probe's class __call__ goes, the class is torch's again.
+        p.step_source = "optimizer"
+        fs.tick(p_now())
+        assert fs.state == "off" and "optimizer" in fs.why
+        assert "__call__" not in Net.__dict__
+        n1 = p.step_total
+        with torch.inference_mode():
+            net(x)
+        assert p.step_total == n1
+    finally:
+        fs.stop("test over")
+    assert "__call__" not in Net.__dict__ and _global_hooks() == before
+
+
+def test_calls_before_engaging_and_during_a_training_job_are_not_steps():
+    p, fs = _armed()
+    net, x = Net(), torch.randn(2, 8)
+    try:
+        fs.tick(p_now())
+        with torch.no_grad():
+            for _ in range(6):
+                net(x)
+        assert fs.state == "on"
+        assert p.step_total == 0, "calls in the first ENGAGE_S seconds are not steps (a training job's first forwards)"
+    finally:
+        fs.stop("test over")
+    # A job that steps an optimizer never arms: no global hooks, ever.
+    p2, fs2 = _armed()
+    p2.step_source = "optimizer"
+    before = _global_hooks()
+    fs2.tick(p_now())
+    assert fs2.state == "off" and _global_hooks() == before
+    assert p2.hooks["forward_steps"][0] == "off" and "optimizer" in p2.hooks["forward_steps"][1]
+
+
+def p_now() -> float:
+    import time
+    return time.monotonic()
+
+
+@pytest.mark.timeout(180)
+def test_an_inference_loop_gets_the_models_calls_as_steps(tmp_path):
+    """A CPU inference job under the probe `gputop run` loads: no optimizer, a DataLoader, the
+    model and a second instance of its class called per batch. The probe's steps are the
+    model's calls (not the twin's), timed as the job times them, and the job's deepcopy and
+    torch.save of the model still work."""
+    d, hold, out = tmp_path / "sock", tmp_path / "hold", tmp_path / "out.json"
+    seconds = 26.0
+    log = open(tmp_path / "job.log", "w")
+    job = launch_with_probe([sys.executable, INFER, "--seconds", str(seconds), "--wait-monitor", "90",
+                             "--hold-file", str(hold), "--out", str(out)],
+                            env=env_with_dir(d), stdout=log, stderr=subprocess.STDOUT)
+    src = None
+    try:
+        src, col = start_client(job.pid)
+        wait_for(out.exists, 150, "the job to finish its loop", job=job)
+        own = json.loads(out.read_text())
+        wait_for(lambda: (s := col.last(KIND_PROBE_CONFIG)) and s.get("step_source") == "forward", 10,
+                 "the probe's config to name the step source")
+        windows = [s for s in col.of(KIND_PROBE_STEP) if (s.get("step_n") or 0) > 0]
+        cfg = col.last(KIND_PROBE_CONFIG)
+        assert finish(job, hold) == 0
+    finally:
+        if src is not None:
+            src.stop()
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        log.close()
+    log_text = (tmp_path / "job.log").read_text()
+    assert "Traceback" not in log_text, log_text[-2000:]
+    state, why = cfg.get("hooks")["forward_steps"]
+    assert state == "on" and "Classifier" in why, (state, why)
+    calls = own["calls"]
+    total = max(s.get("step_total") or 0 for s in col.of(KIND_PROBE_STEP))
+    # Steps start once looking began (ARM_AFTER_S after torch came in) and the model had been
+    # called for ENGAGE_S: most of the loop's last ~9 s; never more than the model's own calls.
+    assert 0 < total <= len(calls), (total, len(calls))
+    assert total >= 0.2 * len(calls), (total, len(calls))
+    gaps = sorted(b - a for a, b in zip(calls, calls[1:]))
+    own_ms = statistics.median(gaps) * 1000
+    probe_ms = statistics.median(s.get("step_ms_p50") for s in windows)
+    # Counting the twin's calls too would halve the step; timing something else would drift.
+    assert abs(probe_ms - own_ms) <= 0.25 * own_ms, (probe_ms, own_ms)
+    assert own["hooks_on_model"] == 0 and own["twin_ok"] and own["saved_bytes"] > 0
