@@ -11,11 +11,14 @@ Finding the model, cheaply and without touching the job's objects:
 
 - Only when a monitor is attached, ``ARM_AFTER_S`` after the job imported torch, and only while
   it has never stepped an optimizer, called ``gputop.probe.step()`` or ``torch.compile``.
-- Then two global module hooks (``register_module_forward_pre_hook`` and
-  ``register_module_forward_hook(always_call=True)``) note which module is called with no other
-  module's call open on its thread; the first called so ``LEARN_CALLS`` times is the model.
-  Global hooks send every module call down nn.Module's slow path while they are in, so they go
-  as soon as the model is known, and after ``LEARN_MAX_S`` at most.
+- Then a global module hook (``register_module_forward_pre_hook``) notes which module is called
+  with no other module's call open on its thread: none of the frames above the call is
+  nn.Module's ``_call_impl`` (the stack itself, not a count of calls in and out, which goes
+  wrong when looking starts inside a call: torchvision's Bottleneck calls its one ReLU three
+  times, and a count started inside a Bottleneck took that ReLU for the model, on an H100). The
+  first module called so ``LEARN_CALLS`` times is the model. A global hook sends every module
+  call down nn.Module's slow path while it is in, so it goes as soon as the model is known, and
+  after ``LEARN_MAX_S`` at most.
 - The model's class then gets a ``__call__`` that calls nn.Module's own and, for that one
   instance (a weak reference: the probe never keeps a model alive), marks a step. Never a hook
   on the instance: nn.Module keeps hooks in the instance's own dicts, so ``torch.save(model)``
@@ -38,7 +41,7 @@ Imports: the standard library only (torch is handed in).
 
 from __future__ import annotations
 
-import threading
+import sys
 import weakref
 
 from gputop.probe.util import _mono
@@ -60,9 +63,9 @@ class ForwardSteps:
         self.state = "waiting"             # waiting | learning | on | off
         self.why = "waiting for a job that never steps an optimizer"
         self.t_torch = _mono()             # when the job's torch came in
-        self._handles: list = []           # the global hooks while learning
+        self._handles: list = []           # the global hook while learning
         self._learn_t: float | None = None
-        self._depth = threading.local()
+        self._call_impl_code = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
         self._counts: dict[int, list] = {}   # id(module) -> [calls, weakref]
         self._cls = None                   # the model's class, while its __call__ is ours
         self._cls_had_call = False         # it had a __call__ of its own (restored on undo)
@@ -101,22 +104,16 @@ class ForwardSteps:
             p.set_hook("forward_steps", "on" if self.state in ("learning", "on") else "off", self.why)
 
     def _learn(self, now: float) -> None:
-        modmod = self.torch.nn.modules.module
-        pre = getattr(modmod, "register_module_forward_pre_hook", None)
-        post = getattr(modmod, "register_module_forward_hook", None)
-        if pre is None or post is None:
-            self.stop(f"torch {self.torch.__version__} has no global module hooks: call gputop.probe.step() per batch")
+        pre = getattr(self.torch.nn.modules.module, "register_module_forward_pre_hook", None)
+        if pre is None or self._call_impl_code is None:
+            self.stop(f"torch {self.torch.__version__} has no global module hook: call gputop.probe.step() per batch")
             return
         self._learn_t = now
         self.state = "learning"
         self.why = "looking for the model: the module the job calls at the top level"
         self._handles.append(pre(self._pre))
-        try:
-            self._handles.append(post(self._post, always_call=True))
-        except TypeError:   # a torch without always_call: an exception inside a call leaves the depth high
-            self._handles.append(post(self._post))
 
-    def _drop_learners(self) -> None:
+    def _drop_learners(self) -> None:  # (any thread: a RemovableHandle's remove is a dict delete)
         handles, self._handles = self._handles, []
         for h in handles:
             try:
@@ -143,13 +140,18 @@ class ForwardSteps:
 
     # -- the job's threads: learning ------------------------------------------------------------
     def _pre(self, module, args) -> None:
-        if self._is_compiling():
-            return
-        d = getattr(self._depth, "n", 0)
-        self._depth.n = max(d, 0) + 1
-        if d > 0 or self.state != "learning":
+        if self.state != "learning" or self._is_compiling():
             return
         try:
+            # this call's own _call_impl is the first above the hook; another one further up is
+            # a module whose call is open around it
+            code, f, seen = self._call_impl_code, sys._getframe(1), 0
+            while f is not None:
+                if f.f_code is code:
+                    seen += 1
+                    if seen > 1:
+                        return
+                f = f.f_back
             c = self._counts.get(id(module))
             if c is None or c[1]() is not module:
                 if len(self._counts) >= MAX_CANDIDATES:
@@ -160,11 +162,6 @@ class ForwardSteps:
                 self._found(module)
         except Exception as e:
             self.stop(f"could not find the model: {type(e).__name__}: {e}")
-
-    def _post(self, module, args, output) -> None:
-        if self._is_compiling():
-            return
-        self._depth.n = getattr(self._depth, "n", 0) - 1
 
     def _found(self, model) -> None:
         """On the job's thread, in the model's third top-level call (before its forward runs)."""
