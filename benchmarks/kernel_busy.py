@@ -35,6 +35,23 @@ def _rate(seconds: float) -> tuple[float, int]:
     return (dt / n * 1e3 if n else float("nan")), n
 
 
+def _gaps_us(spans: list[tuple[int, int]]) -> list[float]:
+    """Idle gaps (µs) on the kernels' union timeline: each start after the running end."""
+    out, end = [], None
+    for s, e in sorted(spans):
+        if end is not None and s > end:
+            out.append((s - end) / 1e3)
+        end = e if end is None else max(end, e)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q / 100 * len(xs)))], 2)
+
+
 def _sampler(a, out: dict) -> None:
     while steps == 0:
         time.sleep(0.05)
@@ -63,6 +80,7 @@ def _sampler(a, out: dict) -> None:
             span = (e.start_ns(), e.start_ns() + e.duration_ns())
             (copies if e.name().startswith(("Memcpy", "Memset")) else kern).append(span)
         t_parsed = time.perf_counter()
+        gaps = _gaps_us(kern)
         n = s1 - s0
         wall_ns = (t_off - t_on) * 1e9
         u = union_ns(kern)
@@ -74,7 +92,14 @@ def _sampler(a, out: dict) -> None:
             "kernel_union_ms": u / 1e6, "kernel_sum_ms": sum(e - s for s, e in kern) / 1e6,
             "copy_union_ms": union_ns(copies) / 1e6, "kernel_span_ms": (last - first) / 1e6,
             "wall_ms": wall_ns / 1e6, "step_ms_profiled": wall_ns / 1e6 / n if n else None,
-            "kernel_ms_per_step": u / 1e6 / n if n else None})
+            "kernel_ms_per_step": u / 1e6 / n if n else None,
+            # the idle gaps between one kernel's end and the next one's start (µs): a graph's kernels
+            # follow each other at the GPU's own pace, a Python loop's at the host's launch rate
+            "gap_us_pcts": {q: _pct(gaps, q) for q in (10, 25, 50, 75, 90)}, "gaps": len(gaps),
+            "gap_share_under_us": {g: (sum(1 for x in gaps if x <= g) / len(gaps) if gaps else None)
+                                   for g in (1, 2, 3, 5)},
+            "kernel_ms_per_step_gaps_merged_us": {g: (u + sum(x for x in gaps if x <= g) * 1e3) / 1e6 / n if n else None
+                                                  for g in (1, 2, 3, 5)}})
         time.sleep(0.5)
     time.sleep(1.0)
     out["step_ms_after"], out["steps_after"] = _rate(2.0)
