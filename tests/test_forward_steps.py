@@ -142,6 +142,40 @@ def test_calls_before_engaging_and_during_a_training_job_are_not_steps():
     assert p2.hooks["forward_steps"][0] == "off" and "optimizer" in p2.hooks["forward_steps"][1]
 
 
+class Counted(torch.nn.Module):
+    """A base class with a __call__ of its own (as some libraries wrap calls): the probe's
+    __call__ on a subclass must go through it, and leave it as it was."""
+
+    def __call__(self, *args, **kwargs):
+        self.seen = getattr(self, "seen", 0) + 1
+        return super().__call__(*args, **kwargs)
+
+
+class Sub(Counted):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_a_base_classs_own_call_still_runs_and_is_left_as_it_was():
+    p, fs = _armed()
+    m, x = Sub(), torch.randn(2, 8)
+    base_call = Counted.__dict__["__call__"]
+    try:
+        fs.tick(p_now())
+        with torch.no_grad():
+            for _ in range(5):
+                m(x)
+        assert fs.state == "on" and fs.model_ref() is m
+        assert m.seen == 5, "every call still goes through the base class's __call__"
+    finally:
+        fs.stop("test over")
+    assert "__call__" not in Sub.__dict__ and Counted.__dict__["__call__"] is base_call
+
+
 def p_now() -> float:
     import time
     return time.monotonic()

@@ -42,6 +42,7 @@ Imports: the standard library only (torch is handed in).
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 from gputop.probe.util import _mono
@@ -63,6 +64,7 @@ class ForwardSteps:
         self.state = "waiting"             # waiting | learning | on | off
         self.why = "waiting for a job that never steps an optimizer"
         self.t_torch = _mono()             # when the job's torch came in
+        self._lock = threading.Lock()      # state changes: found (job's thread) against stop (probe thread)
         self._handles: list = []           # the global hook while learning
         self._learn_t: float | None = None
         self._call_impl_code = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
@@ -124,9 +126,10 @@ class ForwardSteps:
 
     def stop(self, why: str) -> None:
         """Off for good (any thread): the global hooks out, the class's own __call__ back."""
-        self.state, self.why = "off", why
+        with self._lock:
+            self.state, self.why = "off", why
+            cls, self._cls = self._cls, None
         self._drop_learners()
-        cls, self._cls = self._cls, None
         if cls is not None:
             try:
                 if self._cls_had_call:
@@ -167,10 +170,9 @@ class ForwardSteps:
         """On the job's thread, in the model's third top-level call (before its forward runs)."""
         self._drop_learners()
         cls = type(model)
-        base_call = self.torch.nn.Module.__call__
         had = "__call__" in cls.__dict__
         orig = cls.__dict__["__call__"] if had else None
-        call_impl = orig if had else base_call
+        call_impl = cls.__call__   # (the class's own, a base class's, or nn.Module's: as Python finds it)
         ref = weakref.ref(model)
         steps = self
 
@@ -182,10 +184,13 @@ class ForwardSteps:
 
         __call__.__wrapped__ = call_impl
         __call__.__qualname__ = f"{cls.__qualname__}.__call__"
-        self._cls, self._cls_had_call, self._cls_call = cls, had, orig
-        self.model_ref, self.model_name = ref, f"{cls.__module__}.{cls.__qualname__}"
-        cls.__call__ = __call__
-        self.state = "on"
+        with self._lock:   # (the probe thread may stop this meanwhile: then the class stays as it is)
+            if self.state != "learning":
+                return
+            self._cls, self._cls_had_call, self._cls_call = cls, had, orig
+            self.model_ref, self.model_name = ref, f"{cls.__module__}.{cls.__qualname__}"
+            cls.__call__ = __call__
+            self.state = "on"
         self.why = (f"steps are calls of the model ({self.model_name}): the job steps no optimizer; "
                     f"counted after {ENGAGE_S:.0f} s of calls")
 
