@@ -19,7 +19,7 @@ import torch
 
 from gputop.derive.steps import pool_steps
 from gputop.probe.core import Probe
-from gputop.probe.forward_steps import ARM_AFTER_S, ENGAGE_S, ForwardSteps
+from gputop.probe.forward_steps import ARM_AFTER_S, ENGAGE_S, LEARN_MAX_S, ForwardSteps
 from gputop.session.launch import launch_with_probe
 from gputop.sources.probe_client import KIND_PROBE_CONFIG, KIND_PROBE_STEP
 from tests.test_probe import env_with_dir, finish, start_client, wait_for
@@ -174,6 +174,114 @@ def test_a_base_classs_own_call_still_runs_and_is_left_as_it_was():
     finally:
         fs.stop("test over")
     assert "__call__" not in Sub.__dict__ and Counted.__dict__["__call__"] is base_call
+
+
+class Normalize(torch.nn.Module):
+    """A transform: an nn.Module without parameters, called per sample by a Dataset."""
+
+    def forward(self, x):
+        return (x - x.mean()) / (x.std() + 1e-6)
+
+
+def test_a_transform_called_per_sample_in_the_loops_thread_is_not_the_model():
+    p, fs = _armed()
+    norm, net = Normalize(), Net()
+    try:
+        fs.tick(p_now())
+        with torch.no_grad():
+            for _ in range(4):                                          # four batches of eight samples
+                batch = torch.stack([norm(torch.randn(8)) for _ in range(8)])  # (num_workers=0)
+                net(batch)
+        assert fs.state == "on" and fs.model_ref() is net, fs.model_name
+    finally:
+        fs.stop("test over")
+
+
+def test_a_freed_model_is_looked_for_again_and_a_slow_load_does_not_give_up():
+    import gc
+    p, fs = _armed()
+    x = torch.randn(2, 8)
+    try:
+        t = p_now()
+        fs.tick(t)
+        assert fs.state == "learning"
+        fs.tick(t + LEARN_MAX_S * 3)        # nothing called yet (a model still loading): still looking
+        assert fs.state == "learning"
+        first = Sub()
+        with torch.no_grad():
+            for _ in range(3):
+                first(x)
+        assert fs.state == "on" and fs.model_ref() is first
+        del first
+        gc.collect()
+        fs.tick(p_now())                     # the next checkpoint: the old model is gone
+        assert fs.state == "waiting" and "__call__" not in Sub.__dict__
+        fs.tick(p_now())
+        second = Sub()
+        with torch.no_grad():
+            for _ in range(3):
+                second(x)
+        assert fs.state == "on" and fs.model_ref() is second
+    finally:
+        fs.stop("test over")
+    # looking gives up LEARN_MAX_S after the first top-level call, not after arming
+    p2, fs2 = _armed()
+    fs2.tick(p_now())
+    with torch.no_grad():
+        Normalize()(x)                       # one call: no model (no parameters)
+    fs2.tick(p_now() + LEARN_MAX_S + 1)
+    assert fs2.state == "off" and _global_hooks() == 0 or fs2.state == "off"
+
+
+def test_torch_compile_of_the_found_model_traces_nothing_of_the_probe():
+    """HF's static-cache generate compiles ``model.__call__``: the probe's ``__call__`` is then in
+    what dynamo traces. It must add no guard on the probe's state (a recompile when the probe
+    stops) and no graph break (fullgraph=True would raise in the job)."""
+    import torch._dynamo
+    import torch._dynamo.utils as du
+    p, fs = _armed()
+    net, x = Normalize(), torch.randn(2, 8)
+    net.fc = torch.nn.Linear(8, 8)     # (parameters: a model; Sub's base class counts calls in an attribute)
+    torch._dynamo.reset()
+    try:
+        fs.tick(p_now())
+        with torch.no_grad():
+            for _ in range(4):
+                net(x)
+        assert fs.state == "on"
+        fs.first_call_t = p_now() - ENGAGE_S - 1
+        compiled = torch.compile(net.__call__, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(x)
+            graphs = du.counters["stats"]["unique_graphs"]
+            fs.stop("torch.compile is in use")    # what the probe thread's next tick does
+            for _ in range(3):
+                compiled(x)
+        assert graphs >= 1 and du.counters["stats"]["unique_graphs"] == graphs, dict(du.counters["stats"])
+        assert not du.counters["graph_break"], dict(du.counters["graph_break"])
+    finally:
+        fs.stop("test over")
+        torch._dynamo.reset()
+
+
+def test_a_forked_child_turns_it_off():
+    """A DataLoader worker forked while the probe looks inherits the hook and the class's
+    __call__ but not the probe thread that would take them out."""
+    p, fs = _armed()
+    net, x = Sub(), torch.randn(2, 8)
+    before = _global_hooks()
+    try:
+        fs.tick(p_now())
+        assert _global_hooks() == before + 1
+        fs.after_fork_in_child()           # what the probe's at-fork handler calls in the child
+        assert fs.state == "off" and _global_hooks() == before
+        with torch.no_grad():
+            for _ in range(4):
+                net(x)
+        assert "__call__" not in Sub.__dict__ and p.step_total == 0
+    finally:
+        fs.stop("test over")
 
 
 def p_now() -> float:

@@ -157,6 +157,11 @@ class TorchHooks(SyncCapture):
                 pass
         self._undo = []
 
+    def after_fork_in_child(self) -> None:
+        super().after_fork_in_child()      # (the sync capture's lock)
+        if getattr(self, "forward_steps", None) is not None:
+            self.forward_steps.after_fork_in_child()
+
     def disable(self, name: str) -> None:
         if name == "optimizer_step":
             self.opt_on = False
