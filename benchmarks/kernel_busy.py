@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from gputop.probe.kernel_sample import union_ns   # (one home: the probe's own trace uses it)
+from gputop.probe.kernel_sample import floor_ns, union_ns   # (one home: the probe's own trace uses them)
 
 steps = 0
 
@@ -93,6 +93,8 @@ def _sampler(a, out: dict) -> None:
             "copy_union_ms": union_ns(copies) / 1e6, "kernel_span_ms": (last - first) / 1e6,
             "wall_ms": wall_ns / 1e6, "step_ms_profiled": wall_ns / 1e6 / n if n else None,
             "kernel_ms_per_step": u / 1e6 / n if n else None,
+            # what the probe reports: the kernels back to back, the GPU's own gap between two counted
+            "kernel_floor_ms_per_step": floor_ns(kern) / 1e6 / n if n else None,
             # the idle gaps between one kernel's end and the next one's start (µs): a graph's kernels
             # follow each other at the GPU's own pace, a Python loop's at the host's launch rate
             "gap_us_pcts": {q: _pct(gaps, q) for q in (10, 25, 50, 75, 90)}, "gaps": len(gaps),

@@ -782,6 +782,15 @@ def test_a_job_that_asks_for_kernel_samples_gets_cupti_finalized_after_each():
         assert out.strip().splitlines()[-1] == want, (extra, out)
     # the kernels' time is the union of their intervals: overlapping kernels (two streams) once
     assert union_ns([(0, 10), (5, 20), (30, 40), (32, 35)]) == 30 and union_ns([]) == 0
+    # back to back: a gap under GPU_GAP_MERGE_NS is the GPU's own (busy); a longer one, which the
+    # host left, counts as the GPU's own gap (GPU_GAP_NS), as a CUDA graph of the kernels would leave
+    from gputop.probe.kernel_sample import GPU_GAP_MERGE_NS, GPU_GAP_NS, floor_ns
+    graph = [(i * 1400, i * 1400 + 1000) for i in range(100)]            # 0.4 us apart: a graph's replay
+    assert floor_ns(graph) == 99 * 1400 + 1000 == union_ns([(0, 99 * 1400 + 1000)])
+    eager = [(i * 10_000, i * 10_000 + 1000) for i in range(100)]        # 9 us apart: launched from Python
+    assert union_ns(eager) == 100_000 and floor_ns(eager) == 100_000 + 99 * GPU_GAP_NS
+    assert floor_ns([(0, 10), (5, 20), (20 + GPU_GAP_MERGE_NS, 30 + GPU_GAP_MERGE_NS)]) == 20 + GPU_GAP_NS + 10
+    assert floor_ns([]) == 0
 
 
 def test_the_kernel_sampler_sees_a_profiler_another_thread_started_and_never_leaves_one_on():

@@ -94,8 +94,8 @@ METRICS: list[MetricSpec] = [
                aggregate=False),
     # The latest kernel trace (gputop/probe/kernel_sample.py; opt-in), repeated in every window.
     MetricSpec(KIND_PROBE_STEP, "kernel_ms_per_step", "ms", "kernels/step",
-               "the GPU's kernel time per step: the union of the kernels' intervals in a short CUDA trace over "
-               "the steps it saw (GPUTOP_KERNEL_SAMPLE=1)", aggregate=False, prom="probe_kernel_seconds_per_step",
+               "the GPU's kernel time per step: the kernels of a short CUDA trace back to back (their union, the "
+               "GPU's own gap between two counted) over the steps it saw (GPUTOP_KERNEL_SAMPLE=1)", aggregate=False, prom="probe_kernel_seconds_per_step",
                prom_help="GPU kernel time per training step from the probe's latest CUDA kernel trace, in seconds."),
     MetricSpec(KIND_PROBE_STEP, "kernel_sample_age_s", "s", "kernel sample age",
                "seconds since that trace", aggregate=False),
