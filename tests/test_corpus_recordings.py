@@ -261,7 +261,8 @@ def test_a_kernel_trace_sets_the_launch_gain_at_the_floor_a_cuda_graph_reaches()
     util.gpu's: +654% predicted (+671% before the steps the trace slowed were left out of the step it
     divides) where the one-graph fix measured +620% in the same call (util.gpu's
     share gave +411% against +566% before). The ResNet's inference loop takes no optimizer step,
-    so the probe saw no step and traced nothing: its gain stays util.gpu's."""
+    so the probe of then saw no step and traced nothing: its gain stays util.gpu's (since the
+    seventh session the model's calls are its steps: the test below)."""
     from gputop.report import build_report
 
     lines = (RUN_KERNELS / "corpus" / "results.jsonl").read_text().splitlines()
@@ -276,6 +277,27 @@ def test_a_kernel_trace_sets_the_launch_gain_at_the_floor_a_cuda_graph_reaches()
     resnet = build_report(str(RUN_KERNELS / "corpus" / "tv_resnet_batch1_infer-as_is.gtrec"))
     assert resnet["primary_verdict"]["id"] == "launch_bound"
     assert resnet["verdicts"]["launch_bound"]["evidence"].get("kernel_ms_per_step") is None
+
+
+def test_an_inference_loop_is_stepped_by_its_models_calls_and_its_graph_gain_taken_from_the_kernels():
+    """The ResNet-50 batch-1 inference loop (no optimizer) under GPUTOP_KERNEL_SAMPLE=1 on an H100,
+    seventh session of 2026-12-06 (``h100-forward-steps-1206k``, both variants in one call): the
+    probe's steps are the model's calls (5760 at 287.6/s, where the job counted 287.5 images/s),
+    so the trace ran (0.86 ms of kernels in a 3.5 ms step) and ``launch_bound``'s gain comes from
+    the kernels: +228% against +275% measured by the CUDA-graph fix. Without the trace the same
+    call's run predicted +155% (util.gpu) against +258%."""
+    from gputop.report import build_report
+
+    run = ROOT / "benchmarks" / "results" / "h100-forward-steps-1206k" / "traced" / "corpus"
+    rates = {r["variant"]: r["steps_per_s"] for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+    rep = build_report(str(run / "tv_resnet_batch1_infer-as_is.gtrec"))
+    (rank,) = rep["probe"]["ranks"]
+    assert rank["step_source"] == "forward" and abs(rank["steps_per_s"] / rates["as_is"] - 1.0) < 0.01, rank
+    ev = rep["verdicts"]["launch_bound"]["evidence"]
+    assert rep["primary_verdict"]["id"] == "launch_bound" and 0.8 < ev["kernel_ms_per_step"] < 0.9, ev
+    measured = rates["fixed"] / rates["as_is"] - 1.0
+    predicted = rep["primary_verdict"]["gain_pct"] / 100.0
+    assert abs(predicted - measured) <= 0.3 * measured, (predicted, measured)
 
 
 def test_copies_cost_no_more_than_the_host_time_the_probe_counted_for_them():
