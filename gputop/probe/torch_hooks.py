@@ -16,7 +16,7 @@ Hooks:
   (amp_scaler.py: a step call during which the optimizer hook did not fire).
 - ``cuda_events``: CUDA events at step boundaries (core.Probe), only with a monitor attached.
 - ``forward_steps``: in a job that steps no optimizer, the model's calls as steps
-  (forward_steps.py: global module hooks for a few calls to find it, then its class's ``__call__``).
+  (forward_steps.py: a global module hook for a few calls to find it, then its class's ``__call__``).
 - ``syncs``: ``torch.cuda.set_sync_debug_mode("warn")`` while a monitor is attached and CUDA is
   in use; each implicit sync then raises a UserWarning at the Python line that caused it, which
   a wrapper of ``warnings._showwarnmsg`` counts (and hides) instead of showing. A wrapper of

@@ -242,8 +242,7 @@ class StepsPanel(TextPanel):
                 t.append(fmt.clean(cfg.get("torch_info") or "torch is not imported"), style=STYLE_DIM)
             else:
                 t.append("no timed step yet: steps are counted at optimizer.step(), gputop.probe.step(), or a "
-                     "job's model calls when it steps no optimizer",
-                         style=STYLE_DIM)
+                         "job's model calls when it steps no optimizer", style=STYLE_DIM)
             return t
         d = w.data
         if w is not latest and latest.get("steps") == 0:
