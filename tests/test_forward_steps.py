@@ -340,3 +340,44 @@ def test_an_inference_loop_gets_the_models_calls_as_steps(tmp_path):
     # the same calls, timed by the probe at the end of each and by the job just after
     assert abs(pool.step_s_sum - own_s) <= 0.02 * own_s + 0.05, (pool.step_s_sum, own_s)
     assert own["hooks_on_model"] == 0 and own["twin_ok"] and own["saved_bytes"] > 0
+
+
+def test_the_steps_view_of_a_traced_inference_loop():
+    """The H100 recording of the ResNet-50 batch-1 inference loop (seventh session of 2026-12-06,
+    GPUTOP_KERNEL_SAMPLE=1): at 80 columns the Steps view says where its steps come from, shows the
+    traced kernels beside the GPU's span, and says it saw no DataLoader rather than "0 batches/s"
+    (which would read as a stalled input pipeline)."""
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from gputop.session.recording import RecordingReader
+    from gputop.session.replay import ReplaySession
+    from gputop.ui import panels
+    from gputop.ui.app import GputopApp
+
+    rec = (ROOT / "benchmarks" / "results" / "h100-forward-steps-1206k" / "traced" / "corpus"
+           / "tv_resnet_batch1_infer-as_is.gtrec")
+    traced = [s for s in RecordingReader(str(rec)).all_samples()
+              if s.kind == "probe_step" and s.get("kernel_ms_per_step") and s.get("steps")]
+    assert traced
+    w = traced[len(traced) // 2]
+    session = ReplaySession(str(rec), start_playing=False)
+    session.seek(w.t + 0.01)
+    panels.load_panel_modules()
+    key = str([v.id for v in panels.views()].index("steps") + 1)
+
+    async def go():
+        async with GputopApp(session).run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            await pilot.press(key)
+            await pilot.pause()
+            console = Console(width=80, height=24, file=io.StringIO(), record=True, force_terminal=True)
+            console.print(pilot.app.screen._compositor.render_update(full=True))
+            return console.export_text()
+
+    text = asyncio.run(go())
+    assert "(model calls: no optimizer step)" in text, text
+    assert f"(kernels {w.get('kernel_ms_per_step'):.2f} ms)" in text, text
+    assert "batches n/a (no DataLoader seen)" in text and "0 batch/step" not in text, text

@@ -279,9 +279,14 @@ class StepsPanel(TextPanel):
         per_step = pool_steps([w]).batches_per_step
         bps = None if per_step is None else round(per_step, 2)
         samples = _rate(d.get("samples_per_s")) + "/s" if d.get("samples_per_s") is not None else "n/a (batch size unknown)"
-        t.append(f"batches {_rate(d.get('batches_per_s'))}/s  samples {samples}")
-        if bps is not None:
-            t.append(f"  {bps:g} batch/step")
+        if cfg is not None and not cfg.get("loaders") and not d.get("batches_per_s"):
+            # (an inference loop over tensors already on the GPU, a synthetic benchmark: "0 batches/s"
+            # would read as a stalled input pipeline)
+            t.append("batches n/a (no DataLoader seen)", style=STYLE_DIM)
+        else:
+            t.append(f"batches {_rate(d.get('batches_per_s'))}/s  samples {samples}")
+            if bps is not None:
+                t.append(f"  {bps:g} batch/step")
         batch = None
         if cfg is not None and cfg.get("loaders"):
             batch = cfg.get("loaders")[0].get("batch_size")
