@@ -347,15 +347,8 @@ def test_the_steps_view_of_a_traced_inference_loop():
     GPUTOP_KERNEL_SAMPLE=1): at 80 columns the Steps view says where its steps come from, shows the
     traced kernels beside the GPU's span, and says it saw no DataLoader rather than "0 batches/s"
     (which would read as a stalled input pipeline)."""
-    import asyncio
-    import io
-
-    from rich.console import Console
-
     from gputop.session.recording import RecordingReader
-    from gputop.session.replay import ReplaySession
-    from gputop.ui import panels
-    from gputop.ui.app import GputopApp
+    from tests.replay_view import view_text
 
     rec = (ROOT / "benchmarks" / "results" / "h100-forward-steps-1206k" / "traced" / "corpus"
            / "tv_resnet_batch1_infer-as_is.gtrec")
@@ -363,21 +356,7 @@ def test_the_steps_view_of_a_traced_inference_loop():
               if s.kind == "probe_step" and s.get("kernel_ms_per_step") and s.get("steps")]
     assert traced
     w = traced[len(traced) // 2]
-    session = ReplaySession(str(rec), start_playing=False)
-    session.seek(w.t + 0.01)
-    panels.load_panel_modules()
-    key = str([v.id for v in panels.views()].index("steps") + 1)
-
-    async def go():
-        async with GputopApp(session).run_test(size=(80, 24)) as pilot:
-            await pilot.pause()
-            await pilot.press(key)
-            await pilot.pause()
-            console = Console(width=80, height=24, file=io.StringIO(), record=True, force_terminal=True)
-            console.print(pilot.app.screen._compositor.render_update(full=True))
-            return console.export_text()
-
-    text = asyncio.run(go())
+    text = view_text(str(rec), w.t + 0.01, "steps", (80, 24))
     assert "(model calls: no optimizer step)" in text, text
     assert f"(kernels {w.get('kernel_ms_per_step'):.2f} ms)" in text, text
     assert "batches n/a (no DataLoader seen)" in text and "0 batch/step" not in text, text

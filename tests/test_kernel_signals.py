@@ -58,16 +58,10 @@ def test_the_steps_view_shows_the_traced_kernels_beside_the_gpus_span():
     2026-12-06): the step split's GPU figure is the span from the batch to the step's end, launch
     gaps included (~89 ms); the trace's kernels (32.2 ms) stand beside it, so a reader does not
     take the span for the GPU's work, and the settings block says when it was traced."""
-    import asyncio
-    import io
     import pathlib
 
-    from rich.console import Console
-
     from gputop.session.recording import RecordingReader
-    from gputop.session.replay import ReplaySession
-    from gputop.ui import panels
-    from gputop.ui.app import GputopApp
+    from tests.replay_view import view_text
 
     rec = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100-kernel-frameworks-1206g"
            / "h200" / "corpus" / "rnn_lstmcell_loop-as_is.gtrec")
@@ -75,21 +69,7 @@ def test_the_steps_view_shows_the_traced_kernels_beside_the_gpus_span():
               if s.kind == "probe_step" and s.get("kernel_ms_per_step") and s.get("steps")]
     assert traced, "the recording holds windows with a kernel trace"
     w = traced[len(traced) // 2]
-    session = ReplaySession(str(rec), start_playing=False)
-    session.seek(w.t + 0.01)
-    panels.load_panel_modules()
-    key = str([v.id for v in panels.views()].index("steps") + 1)
-
-    async def go():
-        async with GputopApp(session).run_test(size=(120, 40)) as pilot:
-            await pilot.pause()
-            await pilot.press(key)
-            await pilot.pause()
-            console = Console(width=120, height=40, file=io.StringIO(), record=True, force_terminal=True)
-            console.print(pilot.app.screen._compositor.render_update(full=True))
-            return console.export_text()
-
-    text = " ".join(asyncio.run(go()).split())
+    text = " ".join(view_text(str(rec), w.t + 0.01, "steps", (120, 40)).split())
     kms = w.get("kernel_ms_per_step")
     assert f"(kernels {kms:.1f} ms)" in text, text[-3000:]
     assert f"kernel trace {kms:.1f} ms of kernels a step" in text
