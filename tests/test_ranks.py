@@ -221,10 +221,15 @@ def test_record_and_replay_keep_rank_identity(job):
         rows = rank_table(session.store, session.now())
         assert [(r["rank"], r["pid"], r["state"], r["world_size"]) for r in rows] == \
             [(r["rank"], r["pid"], "running", WORLD) for r in live_rows]
-        # Thread states are derived again from the recorded stacks: the same picture.
-        by_rank = {r["rank"]: r for r in rows}
-        assert all(by_rank[r]["collective_pct"] >= 40 for r in range(WORLD) if r != SLOW)
-        assert by_rank[SLOW]["collective_pct"] <= 20
+        # Thread states are derived again from the recorded stacks: the same picture as the live
+        # table of that moment (its own thresholds are checked on the last live table, above; under
+        # load the table of this earlier moment may be less clear-cut, and a replay must not be
+        # clearer or vaguer than what was seen live)
+        live = {r["rank"]: r["collective_pct"] for r in live_rows}
+        replayed = {r["rank"]: r["collective_pct"] for r in rows}
+        assert all(replayed[r] is not None and abs(replayed[r] - live[r]) <= 5 for r in range(WORLD)), \
+            (replayed, live)
+        assert all(replayed[r] > replayed[SLOW] for r in range(WORLD) if r != SLOW), (replayed, live)
         session.seek(session.t_end)
         assert [r["state"] for r in rank_table(session.store, session.now())] == ["exited"] * WORLD, \
             _rank_story(job, session)
