@@ -93,7 +93,7 @@ def test_the_stack_source_samples_at_the_calm_rate_while_calm_and_at_full_rate_a
     steady ones at 10 Hz and calm_window_s long while calm (fewer samples, fewer py-spy starts),
     the calm window in flight at a change cut short and 20 Hz steady windows after it; health says
     the rate asked and that it is the calm one."""
-    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    p = Proc(workload("stacks_gil.py", "--sleeper", "--idle-main"))
     clock = Clock()
     calm = JobCalm(clock, after_s=0.0)
     calm.on_samples([_phase(0.0)])
@@ -198,7 +198,7 @@ def test_the_host_source_ticks_at_half_its_rate_while_calm_and_at_full_rate_afte
     from gputop.sources.calm import CALM_HELD_FACTOR
     from gputop.sources.host import HostSource
 
-    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    p = Proc(workload("stacks_gil.py", "--sleeper", "--idle-main"))
     clock = Clock()
     calm = JobCalm(clock, after_s=0.0)
     calm.on_samples([_phase(0.0)])
@@ -359,7 +359,7 @@ def test_the_kernel_sampler_ticks_at_half_its_rate_while_calm_and_at_full_rate_a
     full rate back within a window or two."""
     from gputop.sources.stacks import KIND_THREAD_KERNEL
 
-    p = Proc(workload("stacks_gil.py", "--spinners", "1", "--sleeper"))
+    p = Proc(workload("stacks_gil.py", "--sleeper", "--idle-main"))
     clock = Clock()
     calm = JobCalm(clock, after_s=0.0)
     calm.on_samples([_phase(0.0)])
