@@ -1,5 +1,5 @@
 """What the tests of `gputop run` share: a private home for gputop's state, runtime and probe
-directories, whether a PID still runs (a zombie does not), and a workload's --json report."""
+directories, whether a PID still runs (a zombie does not), and workloads' --json reports."""
 
 from __future__ import annotations
 
@@ -31,11 +31,24 @@ def alive(pid: int) -> bool:
         return False
 
 
-def headless_report(workload: str, *job_args: str, seconds: int) -> dict:
-    """``gputop run --headless --duration SECONDS --json -- python tests/workloads/WORKLOAD ...``'s
-    report (the job is stopped when the duration ends)."""
-    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
-           sys.executable, str(ROOT / "tests" / "workloads" / workload), *job_args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+def _headless_cmd(workload: str, job_args: tuple[str, ...], seconds: int) -> list[str]:
+    return [sys.executable, "-m", "gputop", "run", "--headless", "--duration", str(seconds), "--json", "--",
+            sys.executable, str(ROOT / "tests" / "workloads" / workload), *job_args]
+
+
+def headless_reports(*runs: tuple[str, tuple[str, ...], int]) -> list[dict]:
+    """The --json reports of ``gputop run --headless --duration SECONDS --json -- python
+    tests/workloads/WORKLOAD ARGS...`` for each (WORKLOAD, ARGS, SECONDS), run at once (each job is
+    stopped when its duration ends)."""
+    procs = [subprocess.Popen(_headless_cmd(w, args, secs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for w, args, secs in runs]
+    try:
+        outs = [(*p.communicate(timeout=180), p.returncode) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for (w, args, _secs), (_stdout, stderr, rc) in zip(runs, outs):
+        assert rc == 0, (w, args, stderr[-2000:])
+    return [json.loads(stdout) for stdout, _stderr, _rc in outs]

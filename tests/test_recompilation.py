@@ -12,20 +12,18 @@ import pytest
 from gputop.report import build_report
 from gputop.verdicts.causal import MAX_LOSS, fix_gain
 from gputop.verdicts.compile_rules import RECOMPILE_SHARE
-from run_helpers import headless_report
+from run_helpers import headless_reports
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 
 
-def _report(*job_args: str, seconds: int = 25) -> dict:
-    return headless_report("recompile_train.py", *job_args, seconds=seconds)
-
-
 # (alone, after the rest: two CPU-bound jobs of other tests beside it make cpu_oversubscribed
-# the honest co-verdict, and its share could be the larger)
+# the honest co-verdict, and its share could be the larger. The padded job runs beside the one as
+# it is, one core each: that saves the serial part 20 s)
 @pytest.mark.serial
 def test_a_recompiling_loop_is_named_and_the_padded_one_is_not():
-    rep = _report()
+    rep, fixed = headless_reports(("recompile_train.py", (), 25),
+                                  ("recompile_train.py", ("--fixed",), 20))   # (its one compile is in the warm-up)
     v = rep["verdicts"].get("recompilation")
     assert v is not None, rep["verdicts"].keys()
     assert rep["primary_verdict"]["id"] == "recompilation", rep["primary_verdict"]
@@ -39,7 +37,6 @@ def test_a_recompiling_loop_is_named_and_the_padded_one_is_not():
     # (while it holds its loss is at least the rule's threshold share of the time)
     assert rep["primary_verdict"]["gain_pct"] >= fix_gain(RECOMPILE_SHARE) * 100 - 0.1, rep["primary_verdict"]
     assert "pad or bucket variable shapes" in v["advice"]
-    fixed = _report("--fixed", seconds=20)   # (its one compile is in the warm-up)
     # judged, not left in warm-up: every call of a compiled function passes through dynamo's
     # eval_frame wrapper, which once read as compiling and kept restarting the warm-up (the job
     # was never judged, and this assertion held for nothing)

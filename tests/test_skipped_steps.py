@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from run_helpers import headless_report
+from run_helpers import headless_reports
 
 
-def _report(*job_args: str, seconds: int = 30) -> dict:
+# (alone: beside other tests' jobs cpu_oversubscribed is the honest co-verdict. The fixed job runs
+# beside the one as it is, one core each: that saves the serial part 15 s)
+@pytest.mark.serial
+def test_every_step_skipped_is_named_and_bf16_is_not():
     # (30 s: on a box busier than its cores, 20 s ended with no verdict at all, the job's imports
     # and warm-up stretched: run 9 of the suite beside two CPU hogs)
-    return headless_report("amp_overflow_train.py", *job_args, seconds=seconds)
-
-
-@pytest.mark.serial   # (alone: beside other tests' jobs cpu_oversubscribed is the honest co-verdict)
-def test_every_step_skipped_is_named_and_bf16_is_not():
-    rep = _report()
+    rep, fixed = headless_reports(("amp_overflow_train.py", (), 30), ("amp_overflow_train.py", ("--fixed",), 15))
     v = rep["verdicts"].get("skipped_steps")
     assert v is not None, rep["verdicts"].keys()
     assert rep["primary_verdict"]["id"] == "skipped_steps", rep["primary_verdict"]
@@ -29,5 +27,4 @@ def test_every_step_skipped_is_named_and_bf16_is_not():
     assert ev["loss_scale_last"] == 0.0 and "every step overflows" in v["summary"], v["summary"]
     assert rep["primary_verdict"]["gain_pct"] is None   # no steps/s gain: the steps are thrown away
     assert "bf16 autocast" in v["advice"]
-    fixed = _report("--fixed", seconds=15)
     assert "skipped_steps" not in fixed["verdicts"], fixed["verdicts"].keys()
