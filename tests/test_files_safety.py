@@ -246,7 +246,12 @@ def test_ctrl_c_of_a_headless_demo_leaves_no_probe_socket(home):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     # 0 when the session had started (its handler ends it as its duration would); 130 when the
-    # Ctrl-C came while gputop was still starting (a loaded CI box): the socket goes either way
-    assert p.returncode in (0, 130), err
+    # Ctrl-C came while gputop was still starting (a loaded CI box): the socket goes either way.
+    # Killed by SIGINT (-2, which a shell also reads as 130): about once in 40 Ctrl-Cs during
+    # start-up beside two CPU hogs, seen once in a clean-clone run; strace shows the one SIGINT
+    # passed on to the job, the job stopped and its line said, then the interpreter re-sending
+    # SIGINT to itself as it exits (CPython's exit for an interrupt it counts as unhandled) --
+    # what a program interrupted by Ctrl-C should do, not a crash (no traceback: checked below)
+    assert p.returncode in (0, 130, -signal.SIGINT), err
     assert "Traceback" not in err, err
     assert [n for n in os.listdir(probe) if n.endswith(".sock")] == [], err
