@@ -221,16 +221,16 @@ def test_record_and_replay_keep_rank_identity(job):
         rows = rank_table(session.store, session.now())
         assert [(r["rank"], r["pid"], r["state"], r["world_size"]) for r in rows] == \
             [(r["rank"], r["pid"], "running", WORLD) for r in live_rows]
-        # Thread states are derived again from the recorded stacks: the same picture as the live
-        # table of that moment (its own thresholds are checked on the last live table, above; under
-        # load the table of this earlier moment may be less clear-cut). Equal on an idle box; under
-        # load up to 7 points apart (62.9 live, 67.9 replayed): a py-spy window's samples land when
-        # the window ends, so the replay holds some the live table had not yet received.
-        live = {r["rank"]: r["collective_pct"] for r in live_rows}
+        # Thread states are derived again from the recorded stacks: the same picture -- the fast
+        # ranks wait in the collective, the slow one works. (Not the live table's numbers: a py-spy
+        # window's samples land when it ends, so the file holds some the live table of that moment
+        # had not received: 5-7 points apart under the suite's load, once 19 (45.9 live, 65.0
+        # replayed). Nor the last table's threshold: this earlier moment's picture is less settled.)
         replayed = {r["rank"]: r["collective_pct"] for r in rows}
-        assert all(replayed[r] is not None and abs(replayed[r] - live[r]) <= 15 for r in range(WORLD)), \
-            (replayed, live)
-        assert all(replayed[r] > replayed[SLOW] for r in range(WORLD) if r != SLOW), (replayed, live)
+        live = {r["rank"]: r["collective_pct"] for r in live_rows}
+        assert all(replayed[r] is not None for r in range(WORLD)), (replayed, live)
+        assert all(replayed[r] >= replayed[SLOW] + 15 for r in range(WORLD) if r != SLOW), (replayed, live)
+        assert replayed[SLOW] <= 20, (replayed, live)
         session.seek(session.t_end)
         assert [r["state"] for r in rank_table(session.store, session.now())] == ["exited"] * WORLD, \
             _rank_story(job, session)

@@ -82,3 +82,23 @@ def test_any_recorded_values_draw_without_error(batch, meta):
             elif isinstance(panel, KeyedTable):
                 for _key, cells, _style in panel.rows(snap):
                     assert all(isinstance(c, str) and "\x1b" not in c for c in cells.values())
+
+
+def test_a_clock_event_nvml_never_names_is_written_out_in_every_view():
+    """Hypothesis found it on a clean-clone CI run (2026-12-06): a recorded clock event "\\x1b"
+    beside a stale GPU sample reached the overview's "clocks:" line raw. Any name NVML does not
+    give is shown with its control characters written out, at any width."""
+    session = LiveSession([], SessionClock(), {})
+    session.bus.publish_many([Sample(float(t), "gpu", "0", {"util_gpu": 50, "clock_events": ["\x1b[2J", "hw_x\x1b"]})
+                              for t in range(3)])
+    session.now = lambda: 50.0   # the samples are stale by then, as in the example found
+    snap = Snapshot(session, history_s=60.0)
+    for width in (60, 80, 200):
+        for panel in PANELS:
+            panel.shown(snap)
+            if isinstance(panel, TextPanel):
+                text = panel.draw(snap, width).plain
+                assert "\x1b" not in text, (type(panel).__name__, width, text)
+            elif isinstance(panel, KeyedTable):
+                for _key, cells, _style in panel.rows(snap):
+                    assert all("\x1b" not in c for c in cells.values()), (type(panel).__name__, cells)

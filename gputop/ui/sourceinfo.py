@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gputop.model import MetricSpec
 from gputop.sources import METRIC_MODULES, module_specs
+from gputop.session.sanitize import printable
 from gputop.sources.nvml_fields import CLOCK_EVENT_WORDS
 
 # The probe's fields are explained by the Steps panel (gputop/ui/panels/probe.py), which names
@@ -66,4 +67,10 @@ def clock_events_text(events) -> str:
     if not events:
         return "none"
     words = clock_event_words()
-    return ", ".join(words.get(str(e), str(e).replace("_", " ")) for e in events)
+    return ", ".join(clock_event_name(e, words, 40).replace("_", " ") for e in events)
+
+
+def clock_event_name(event, words: dict[str, str], limit: int) -> str:
+    """``words``' name for a clock event; one NVML does not give (a damaged or hand-made file's)
+    as it is, its control characters written out (never raw to the terminal)."""
+    return words.get(str(event)) or printable(str(event), limit)

@@ -12,7 +12,7 @@ from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
 from gputop.ui.procview import process_rows, tree_name
 from gputop.ui.snapshot import Snapshot
-from gputop.ui.sourceinfo import clock_events_text
+from gputop.ui.sourceinfo import clock_event_name, clock_events_text
 
 register_view("overview", "Overview", order=10, short="Ovw")
 
@@ -156,7 +156,7 @@ SHORT_EVENT_WORDS = {
 
 def short_events(events) -> str:
     """Clock-event reasons in a few letters, for the one-line-per-GPU overview."""
-    return ",".join(SHORT_EVENT_WORDS.get(str(e), str(e)) for e in events if e != "gpu_idle")
+    return ",".join(clock_event_name(e, SHORT_EVENT_WORDS, 20) for e in events if e != "gpu_idle")
 
 
 def throttled(events) -> bool:
