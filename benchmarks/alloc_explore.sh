@@ -42,3 +42,37 @@ PY
   ALLOC_ON_OOM=skip ALLOC_SIZE=$1 ALLOC_HEADROOM=$2 python3 -m benchmarks corpus_run "$out/corpus-issue30" --set issue30 \
     --jobs alloc_thrash_varlen --seconds 20 --budget-s 150 2>&1 | tee -a "$out/summary.txt"
 fi
+
+# Third form (first session of 2026-12-07), `bash benchmarks/alloc_explore.sh margins OUT`: the deep
+# shape that thrashed on the H200 (512,96,32,1024: +44% fixed in a bare 10 s run) kept at its
+# pressure (skip) at wider margins, where a flush can still succeed: a longer batch than any block
+# the cache holds needs fresh segments, and at a margin below the activations' share of the peak
+# the cache cannot hold two steps' worth, so it is flushed about once a step without running out.
+# 20 s each, as it is and fixed; then as it is with ALLOC_TRACE=1 (the flushes timed from torch's
+# memory history, and what recording the segment events costs the job).
+if [ "${1:-}" = margins ]; then
+  out=${2:-/tmp/alloc-margins}; mkdir -p "$out"
+  for head in ${ALLOC_MARGINS:-0.05 0.1 0.2}; do
+    for v in as_is fixed; do
+      flag=; [ $v = fixed ] && flag=--fixed
+      ALLOC_ON_OOM=skip ALLOC_SIZE=512,96,32,1024 ALLOC_HEADROOM=$head timeout 80 python3 \
+        benchmarks/corpus/alloc_thrash_varlen.py --seconds 20 $flag > "$out/m${head}_$v.log" 2>&1
+    done
+    gain=$(python3 - "$out/m${head}_as_is.log" "$out/m${head}_fixed.log" <<'PY'
+import sys
+sys.path.insert(0, "benchmarks")
+from corpus_run import steady_rate
+a, f = (steady_rate(open(p, errors="replace").read())[0] for p in sys.argv[1:])
+print(f"{a} -> {f}: {f / a - 1:+.3f}" if a and f else f"{a} -> {f}")
+PY
+)
+    echo "margin $head: steady $gain | $(grep -h '^ooms' "$out/m${head}_as_is.log") | fixed: $(grep -h '^ooms' "$out/m${head}_fixed.log")" | tee -a "$out/summary.txt"
+  done
+  head=${ALLOC_TRACE_MARGIN:-0.1}
+  ALLOC_TRACE=1 ALLOC_ON_OOM=skip ALLOC_SIZE=512,96,32,1024 ALLOC_HEADROOM=$head timeout 80 python3 \
+    benchmarks/corpus/alloc_thrash_varlen.py --seconds 20 > "$out/m${head}_trace.log" 2>&1
+  echo "margin $head traced: $(python3 -c "
+import sys; sys.path.insert(0, 'benchmarks')
+from corpus_run import steady_rate
+print(steady_rate(open('$out/m${head}_trace.log', errors='replace').read())[0])") steps/s | $(grep -h '^ooms\|^trace' "$out/m${head}_trace.log" | tr '\n' ' ') | $(tail -2 "$out/m${head}_trace.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+fi

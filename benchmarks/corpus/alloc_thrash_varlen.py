@@ -9,6 +9,8 @@ retries in 48 steps on an H100: a longer batch mostly found a block). Its peak i
 the longest length, then the cache is emptied before the rest of the GPU is taken, so the cache
 is rebuilt under varying lengths. ALLOC_SIZE=width,layers,batch,max_len tries other sizes,
 ALLOC_HEADROOM other margins (a share of the peak; "none": the rest of the GPU left free).
+ALLOC_TRACE=1 records the allocator's segment events (cudaMalloc, cudaFree, OOM) after the set-up
+with torch's memory history, and prints what its flushes took (exploring how to time them).
 Fix (--fixed): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set before torch loads: segments
 grow in place instead of being freed and allocated again.
 """
@@ -87,6 +89,13 @@ if gpu:
     spare = -1 if margin is None else free - (peak - torch.cuda.memory_reserved()) - int(margin * peak)
     if spare > 0:
         filler = torch.empty(spare, dtype=torch.uint8, device=device)   # THE CAUSE: no headroom
+trace = gpu and os.environ.get("ALLOC_TRACE") == "1"
+if trace:
+    # only the segment events: a cudaMalloc, a cudaFree, an OOM (each block's alloc and free skipped,
+    # no stacks), so what the history costs is what a retry's flush costs to note
+    torch.cuda.memory._record_memory_history(
+        "all", context=None, stacks="python", max_entries=1 << 20,
+        skip_actions=["alloc", "free_requested", "free_completed"])
 rng = random.Random(0)
 meter = Meter(args.seconds, args.report_every)
 ooms = 0
@@ -112,4 +121,23 @@ while True:
         break
 retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if gpu else 0
 print(f"ooms {ooms} alloc_retries {retries} steps {step}", flush=True)
+if trace:
+    # a flush: a run of cudaFrees (release_cached_blocks) up to the cudaMalloc that follows it
+    events = [e for e in torch.cuda.memory._snapshot()["device_traces"][0]
+              if e["action"] in ("segment_free", "segment_alloc", "oom")]
+    flushes, mallocs, first_free = [], 0, None
+    for e in events:
+        if e["action"] == "segment_free":
+            first_free = e["time_us"] if first_free is None else first_free
+        elif e["action"] == "segment_alloc":
+            mallocs += 1
+            if first_free is not None:
+                flushes.append((e["time_us"] - first_free) / 1e3)
+            first_free = None
+    flushes.sort()
+    span_s = (events[-1]["time_us"] - events[0]["time_us"]) / 1e6 if len(events) > 1 else 0.0
+    print(f"trace events {len(events)} mallocs {mallocs} frees "
+          f"{sum(e['action'] == 'segment_free' for e in events)} flushes {len(flushes)} "
+          f"flush_ms_median {flushes[len(flushes) // 2] if flushes else 0:.2f} "
+          f"flush_ms_total {sum(flushes):.1f} over_s {span_s:.2f}", flush=True)
 meter.done()
