@@ -93,9 +93,14 @@ trace = gpu and os.environ.get("ALLOC_TRACE") == "1"
 if trace:
     # only the segment events: a cudaMalloc, a cudaFree, an OOM (each block's alloc and free skipped,
     # no stacks), so what the history costs is what a retry's flush costs to note
-    torch.cuda.memory._record_memory_history(
-        "all", context=None, stacks="python", max_entries=1 << 20,
-        skip_actions=["alloc", "free_requested", "free_completed"])
+    try:
+        torch.cuda.memory._record_memory_history(
+            "all", context=None, stacks="python", max_entries=1 << 20,
+            skip_actions=["alloc", "free_requested", "free_completed"])
+        print("trace: segment events only", flush=True)
+    except TypeError:   # a torch without skip_actions: every block's events too
+        torch.cuda.memory._record_memory_history("all", context=None, stacks="python", max_entries=1 << 22)
+        print("trace: every event (no skip_actions in this torch)", flush=True)
 rng = random.Random(0)
 meter = Meter(args.seconds, args.report_every)
 ooms = 0
@@ -128,14 +133,14 @@ if trace:
     flushes, mallocs, first_free = [], 0, None
     for e in events:
         if e["action"] == "segment_free":
-            first_free = e["time_us"] if first_free is None else first_free
+            first_free = e.get("time_us", 0) if first_free is None else first_free
         elif e["action"] == "segment_alloc":
             mallocs += 1
             if first_free is not None:
-                flushes.append((e["time_us"] - first_free) / 1e3)
+                flushes.append((e.get("time_us", 0) - first_free) / 1e3)
             first_free = None
     flushes.sort()
-    span_s = (events[-1]["time_us"] - events[0]["time_us"]) / 1e6 if len(events) > 1 else 0.0
+    span_s = (events[-1].get("time_us", 0) - events[0].get("time_us", 0)) / 1e6 if len(events) > 1 else 0.0
     print(f"trace events {len(events)} mallocs {mallocs} frees "
           f"{sum(e['action'] == 'segment_free' for e in events)} flushes {len(flushes)} "
           f"flush_ms_median {flushes[len(flushes) // 2] if flushes else 0:.2f} "
