@@ -140,6 +140,7 @@ if trace:
                 flushes.append((e.get("time_us", 0) - first_free) / 1e3)
             first_free = None
     flushes.sort()
+    print("trace keys", sorted(events[0]) if events else None, flush=True)
     span_s = (events[-1].get("time_us", 0) - events[0].get("time_us", 0)) / 1e6 if len(events) > 1 else 0.0
     print(f"trace events {len(events)} mallocs {mallocs} frees "
           f"{sum(e['action'] == 'segment_free' for e in events)} flushes {len(flushes)} "
