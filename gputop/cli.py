@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from gputop.cli_args import (DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S, RECORDINGS_KEPT, RECORDINGS_MAX_BYTES,  # noqa: F401
+from gputop.cli_args import (MAX_INTERVAL_S, MIN_INTERVAL_S, NVML_INTERVAL_S, RECORDINGS_KEPT, RECORDINGS_MAX_BYTES,  # noqa: F401
                              CliError, UsageError, _add_attach_options, _pid_arg, build_parser)
 
 LOGS_KEPT = 10
@@ -76,9 +76,9 @@ def _build_live_session(pid: int, a: argparse.Namespace, argv: list[str], record
         calm,
         # an interval the user chose is kept; the default ones are CALM_FACTOR (4; NVML) and
         # CALM_HELD_FACTOR (2; host) times longer while the job is calm (sources/calm.py)
-        NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval or DEFAULT_INTERVAL_S,
+        NvmlSource(clock, target, gpu_indices=a.gpu, interval_s=a.interval or NVML_INTERVAL_S,
                    calm=calm if a.interval is None else None),
-        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or DEFAULT_INTERVAL_S),
+        HostSource(clock, target, interval_s=max(HOST_INTERVAL_S, a.interval or NVML_INTERVAL_S),
                    calm=calm if a.interval is None else None),
     ]
     sources += _optional_sources(clock, target, a, calm)

@@ -135,7 +135,7 @@ cannot be read, 3 --fail-above given but steps/s could not be compared.
 """
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 10.0
-DEFAULT_INTERVAL_S = 0.1   # the NVML fast loop's; CALM_FACTOR times it while the job is calm
+NVML_INTERVAL_S = 0.1   # the NVML fast loop's; CALM_FACTOR times it while the job is calm
 RECORDINGS_KEPT, RECORDINGS_MAX_BYTES = 20, 1 << 30
 
 
@@ -191,7 +191,7 @@ def _add_attach_options(p: argparse.ArgumentParser) -> None:
                         "(all until it uses one)")
     g.add_argument("--interval", type=float, default=None, metavar="S",
                    help=f"GPU sampling interval in seconds, {MIN_INTERVAL_S}-{MAX_INTERVAL_S} "
-                        f"(default {DEFAULT_INTERVAL_S:g}, {DEFAULT_INTERVAL_S * CALM_FACTOR:g} while the "
+                        f"(default {NVML_INTERVAL_S:g}, {NVML_INTERVAL_S * CALM_FACTOR:g} while the "
                         "job is calm: one phase, no verdict change, no stall for a minute); "
                         "host sampling runs at max(1, S)")
     g.add_argument("--record", metavar="FILE",

@@ -45,7 +45,7 @@ SEVERITY_STYLE = {"info": "bold green", "warning": "bold yellow", "critical": "b
 STYLE_LABEL, STYLE_DIM, STYLE_BAD = "bold", "dim", "bold red"
 STALE_S = 3.0      # the engine publishes every second; older than this, it stopped
 ADVICE_LINES = 2   # the strip wraps its advice onto a second line before cutting it
-WARM_S = 10.0      # a jump replays this much before its target (see jump_to)
+JUMP_LEAD_S = 10.0      # a jump replays this much before its target (see jump_to)
 # a rule holding from t shows as a verdict at the first evaluation >= ENTER_S later
 SHOWS_AFTER_S = math.ceil(ENTER_S / VerdictEngine.interval_s) * VerdictEngine.interval_s
 
@@ -277,7 +277,7 @@ def jump_to(playback, t: float) -> None:
 
     A seek back resets the replay's processors, and a verdict needs ``ENTER_S`` of agreement
     before it shows: seeking straight to the moment a verdict turned on would show nothing
-    there. So the replay seeks ``WARM_S`` earlier (past the engine's enter and leave
+    there. So the replay seeks ``JUMP_LEAD_S`` earlier (past the engine's enter and leave
     hysteresis) and plays forward to ``t`` at once, which evaluates the same windows as a
     replay from the start (tests/test_ui_verdicts.py checks it on every H200 recording)."""
     if playback.playing:
@@ -287,7 +287,7 @@ def jump_to(playback, t: float) -> None:
     if play_to is None:
         playback.seek(t)
         return
-    playback.seek(max(playback.t_start, t - WARM_S))
+    playback.seek(max(playback.t_start, t - JUMP_LEAD_S))
     play_to(t)
 
 
