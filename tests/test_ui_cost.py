@@ -150,8 +150,6 @@ async def test_a_live_ui_ticks_once_a_second_just_after_its_clock_enters_it():
     then and only then (at its old 5 Hz, four ticks of five drew nothing and still woke Textual):
     over 3 s about three ticks, each within a few hundredths of a second after a whole second,
     each one drawing; a key still draws at once."""
-    import time
-
     from gputop.session.session import LiveSession, SessionClock
 
     clock = SessionClock()
@@ -175,9 +173,11 @@ async def test_a_live_ui_ticks_once_a_second_just_after_its_clock_enters_it():
             assert app.draws - draws0 == n_ticks        # every tick draws
             late = [t - math.floor(t) for t in at]
             assert late and all(x < 0.25 for x in late), late
-            drawn = app.draws
-            started = time.monotonic()
+            drawn, ticked = app.draws, len(app.tick_log)
             await pilot.press(str([v.id for v in app.view_specs].index("gpus") + 1))
-            assert app.current_view == "gpus" and app.draws > drawn and time.monotonic() - started < 0.5
+            # the key drew by itself, not at the next tick (a wall-clock bound here failed beside
+            # the suite's load: 0.72 s for a press that drew at once, the pilot itself descheduled)
+            assert app.current_view == "gpus" and app.draws - drawn > len(app.tick_log) - ticked, \
+                (app.draws - drawn, len(app.tick_log) - ticked)
     finally:
         session.stop()
