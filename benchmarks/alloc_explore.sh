@@ -1,6 +1,25 @@
 # Exploring allocator thrash (issue 30): benchmarks/corpus/alloc_thrash_varlen.py bare, 8 s each,
 # as it is and with expandable_segments, at the edge of memory and with the GPU left free.
-if [ "${1:-}" != steady ]; then
+# The steady steps/s of each log given (corpus_run's reading of the job's rate lines), and with two
+# logs (as it is, fixed) the fix's gain: "RATE ... GAIN", the gain -1 where a rate is missing.
+steady() {
+  python3 - "$@" <<'PY'
+import sys
+sys.path.insert(0, "benchmarks")
+from corpus_run import steady_rate
+rates = [steady_rate(open(p, errors="replace").read())[0] for p in sys.argv[1:]]
+gain = rates[1] / rates[0] - 1 if len(rates) == 2 and all(rates) else -1
+print(*rates, f"{gain:.3f}" if len(rates) == 2 else "")
+PY
+}
+
+case "${1:-}" in
+  ""|steady|margins) ;;
+  *) echo "alloc_explore.sh: no form '$1': run it with no argument, 'steady OUT' or 'margins OUT'" >&2; exit 2 ;;
+esac
+
+# First form, `bash benchmarks/alloc_explore.sh` (no argument)
+if [ -z "${1:-}" ]; then
 for cfg in 512,8,64,512 512,4,16,256; do for head in 0.03 none; do for v in "" --fixed; do
   echo "cfg $cfg headroom $head $v"
   ALLOC_SIZE=$cfg ALLOC_HEADROOM=$head timeout 60 python3 benchmarks/corpus/alloc_thrash_varlen.py --seconds 8 $v 2>&1 \
@@ -23,14 +42,7 @@ if [ "${1:-}" = steady ]; then
       ALLOC_ON_OOM=skip ALLOC_SIZE=$1 ALLOC_HEADROOM=$2 timeout 90 python3 benchmarks/corpus/alloc_thrash_varlen.py \
         --seconds 20 $flag > "$out/${tag}_$v.log" 2>&1
     done
-    gain=$(python3 - "$out/${tag}_as_is.log" "$out/${tag}_fixed.log" <<'PY'
-import sys
-sys.path.insert(0, "benchmarks")
-from corpus_run import steady_rate
-a, f = (steady_rate(open(p, errors="replace").read())[0] for p in sys.argv[1:])
-print(f"{f / a - 1:.3f}" if a and f else "-1")
-PY
-)
+    gain=$(steady "$out/${tag}_as_is.log" "$out/${tag}_fixed.log" | awk '{print $NF}')
     echo "cfg $1 headroom $2: steady gain $gain | $(grep -h '^ooms' "$out/${tag}_as_is.log") | fixed: $(grep -h '^ooms' "$out/${tag}_fixed.log")" | tee -a "$out/summary.txt"
     if python3 -c "import sys; sys.exit(0 if float('$gain') > float('$best_gain') else 1)"; then best="$1 $2"; best_gain=$gain; fi
   done
@@ -49,30 +61,21 @@ fi
 # the cache holds needs fresh segments, and at a margin below the activations' share of the peak
 # the cache cannot hold two steps' worth, so it is flushed about once a step without running out.
 # 20 s each, as it is and fixed; then as it is with ALLOC_TRACE=1 (the flushes timed from torch's
-# memory history, and what recording the segment events costs the job).
+# memory history, and what recording the segment events costs the job). ALLOC_SIZE picks another
+# shape (a small one checks the script on a CPU), ALLOC_MARGINS the margins.
 if [ "${1:-}" = margins ]; then
   out=${2:-/tmp/alloc-margins}; mkdir -p "$out"
   for head in ${ALLOC_MARGINS:-0.05 0.1 0.2}; do
     for v in as_is fixed; do
       flag=; [ $v = fixed ] && flag=--fixed
-      ALLOC_ON_OOM=skip ALLOC_SIZE=512,96,32,1024 ALLOC_HEADROOM=$head timeout 80 python3 \
+      ALLOC_ON_OOM=skip ALLOC_SIZE=${ALLOC_SIZE:-512,96,32,1024} ALLOC_HEADROOM=$head timeout 80 python3 \
         benchmarks/corpus/alloc_thrash_varlen.py --seconds 20 $flag > "$out/m${head}_$v.log" 2>&1
     done
-    gain=$(python3 - "$out/m${head}_as_is.log" "$out/m${head}_fixed.log" <<'PY'
-import sys
-sys.path.insert(0, "benchmarks")
-from corpus_run import steady_rate
-a, f = (steady_rate(open(p, errors="replace").read())[0] for p in sys.argv[1:])
-print(f"{a} -> {f}: {f / a - 1:+.3f}" if a and f else f"{a} -> {f}")
-PY
-)
+    gain=$(steady "$out/m${head}_as_is.log" "$out/m${head}_fixed.log")   # as-is fixed gain
     echo "margin $head: steady $gain | $(grep -h '^ooms' "$out/m${head}_as_is.log") | fixed: $(grep -h '^ooms' "$out/m${head}_fixed.log")" | tee -a "$out/summary.txt"
   done
   head=${ALLOC_TRACE_MARGIN:-0.1}
-  ALLOC_TRACE=1 ALLOC_ON_OOM=skip ALLOC_SIZE=512,96,32,1024 ALLOC_HEADROOM=$head timeout 80 python3 \
+  ALLOC_TRACE=1 ALLOC_ON_OOM=skip ALLOC_SIZE=${ALLOC_SIZE:-512,96,32,1024} ALLOC_HEADROOM=$head timeout 80 python3 \
     benchmarks/corpus/alloc_thrash_varlen.py --seconds 20 > "$out/m${head}_trace.log" 2>&1
-  echo "margin $head traced: $(python3 -c "
-import sys; sys.path.insert(0, 'benchmarks')
-from corpus_run import steady_rate
-print(steady_rate(open('$out/m${head}_trace.log', errors='replace').read())[0])") steps/s | $(grep -h '^ooms\|^trace' "$out/m${head}_trace.log" | tr '\n' ' ') | $(tail -2 "$out/m${head}_trace.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+  echo "margin $head traced: $(steady "$out/m${head}_trace.log") steps/s | $(grep -h '^ooms\|^trace' "$out/m${head}_trace.log" | tr '\n' ' ') | $(tail -2 "$out/m${head}_trace.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
 fi

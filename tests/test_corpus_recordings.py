@@ -412,6 +412,14 @@ def test_the_allocator_jobs_exploring_knobs_refuse_bad_values_in_one_line(env):
     assert next(iter(env)) in r.stderr
 
 
+def test_the_allocator_exploration_refuses_a_form_it_does_not_have_in_one_line():
+    """A mistyped form must not fall through to the bare form's eight GPU runs (device time)."""
+    r = subprocess.run(["bash", "benchmarks/alloc_explore.sh", "margin"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "margins OUT" in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout   # nothing was run
+
+
 def test_a_label_fix_is_partial_only_where_gputop_named_the_cause_the_second_fix_removes():
     """The score counts a label's fix as partial (gputop's cause on its fixed job right) where a
     second fix gained >= 10% over it -- but only if the cause gputop named there is the one the
