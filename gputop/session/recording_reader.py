@@ -304,6 +304,21 @@ class RecordingReader:
             raise RecordingError(f"{self.path} is damaged beyond repair (no intact frames where expected)")
 
     # -- chunks -----------------------------------------------------------------------------
+    def _read_frame(self, ref: ChunkRef) -> tuple[bytes, bytes, float, float]:
+        """The frame at ``ref``: its codec, its checked payload and its time span; FrameDamaged
+        if it is cut short or fails its checksum (chunks and summaries alike)."""
+        self._f.seek(ref.offset)
+        hdr = self._f.read(_HDR)
+        if len(hdr) < _HDR:
+            raise FrameDamaged("is cut short")
+        _, _, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
+        payload = self._f.read(length)
+        if len(payload) != length:
+            raise FrameDamaged("is cut short")
+        if not crc_ok(payload, crc, t0, t1):
+            raise FrameDamaged("fails its checksum")
+        return codec, payload, t0, t1
+
     def read_chunk(self, ref: ChunkRef) -> list[Sample]:
         return samples_of(self.read_series(ref))
 
@@ -312,17 +327,8 @@ class RecordingReader:
         A chunk that cannot be used gives no series and is listed in ``index.damaged``."""
         if ref.offset in self.index.bad_chunks:
             return []
-        self._f.seek(ref.offset)
-        hdr = self._f.read(_HDR)
         try:
-            if len(hdr) < _HDR:
-                raise FrameDamaged("is cut short")
-            _, _, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
-            payload = self._f.read(length)
-            if len(payload) != length:
-                raise FrameDamaged("is cut short")
-            if not crc_ok(payload, crc, t0, t1):
-                raise FrameDamaged("fails its checksum")
+            codec, payload, t0, t1 = self._read_frame(ref)
             obj = decode_payload(codec, payload)
             if ref.offset not in self._counted:
                 self._count_values(ref.offset, payload, obj)
@@ -360,15 +366,8 @@ class RecordingReader:
     def read_summary(self, ref: ChunkRef) -> dict | None:
         """One summary frame's payload, checked; None (and listed in ``index.damaged``) if it
         cannot be used: the report then reads the samples instead."""
-        self._f.seek(ref.offset)
-        hdr = self._f.read(_HDR)
         try:
-            if len(hdr) < _HDR:
-                raise FrameDamaged("is cut short")
-            _, _, codec, length, crc, t0, t1 = _FRAME_HEADER.unpack(hdr)
-            payload = self._f.read(length)
-            if len(payload) != length or not crc_ok(payload, crc, t0, t1):
-                raise FrameDamaged("fails its checksum")
+            codec, payload, _, _ = self._read_frame(ref)
             return check_summary(decode_payload(codec, payload))
         except FrameDamaged as e:
             if len(self.index.damaged) < MAX_DAMAGED_PARTS:
