@@ -289,3 +289,29 @@ def test_replay_hook_cleans_samples_and_keeps_good_ones():
     got = clean_samples(bad)
     assert got[0].data == {"state": None, "message": "ok", "rate_hz": None}
     assert got[1].data == {"util_gpu": None, "power_w": 100.0}
+
+
+@pytest.mark.parametrize("value", [10 ** 400, INF, "12.5", True, None],
+                         ids=["int400", "1e999", "string", "bool", "null"])
+def test_a_hostile_sample_time_costs_its_chunk_only(tmp_path, value):
+    """A sample time that is not a finite number (an int past 64 bits once made float() raise
+    inside the chunk check: a traceback) costs the chunk that holds it, named as damaged."""
+    chunks = [(t0, t1, [[k, key, list(ts), dict(cols)] for k, key, ts, cols in s]) for t0, t1, s in CHUNKS]
+    bad = 2
+    entry = chunks[bad][2][0]
+    entry[2][-1] = value
+    path = tmp_path / "r.gtrec"
+    w = RecordingWriter(str(path), {})
+    w._write(rec.frame_bytes(rec.FRAME_META, zlib.compress(_dumps(META).encode(), 1)))
+    for t0, t1, series in chunks:
+        w._write(rec.frame_bytes(rec.FRAME_CHUNK, zlib.compress(_dumps({"series": series}).encode(), 1),
+                                 rec.CODEC_ZLIB, t0, t1))
+    w.close(END)
+    report, text = check_report(path)
+    damage = report["session"]["damage"]
+    assert damage and "1 chunk damaged" in damage and damage in text, damage
+    # the other chunks are read: every one of the source's kinds but in the damaged chunk alone
+    with RecordingReader(str(path)) as r:
+        read = sum(len(ts) for ref in r.index.chunks for _, _, ts, _ in r.read_series(ref))
+        assert len(r.index.damaged) == 1   # (found as the chunk is read)
+    assert read == sum(len(ts) for i, (_, _, s) in enumerate(CHUNKS) if i != bad for _, _, ts, _ in s)
