@@ -155,6 +155,103 @@ def test_a_flooding_fake_probe_costs_gputop_a_bounded_amount(tmp_path):
           f"dropped {health['dropped_msgs']} messages, rss +{rss_growth / 1e6:.1f} MB, cpu {cpu_s:.2f} s")
 
 
+ODD_PROBE = textwrap.dedent("""
+    import json, os, socket, sys, time
+    path, odd = sys.argv[1], sys.argv[2] == "odd"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    os.chmod(path, 0o600)
+    srv.listen(1)
+    conn, _ = srv.accept()
+    def send(msg):
+        conn.sendall(json.dumps(msg).encode() + b"\\n")
+    send({"type": "hello", "v": 1, "mono": time.monotonic(), "pid": os.getpid(), "argv": ["fake"]})
+    for i in range(30):
+        t = time.monotonic()
+        # an int past 64 bits where the client reads a number (float() of it raises)
+        send({"type": "window", "mono": t, "t0": t - 0.2, "t1": 10 ** 400 if odd else t, "steps": 2, "step_n": 2,
+              "step_sum": 0.2})
+        time.sleep(0.2)
+    conn.close()
+""")
+
+
+def test_a_probe_sending_an_int_past_64_bits_is_dropped_and_the_others_are_still_read(tmp_path):
+    """Such an int once raised in the client's reading thread (a traceback, and no probe read
+    again for the session): it is now refused at the wire, as a line that is not JSON is."""
+    target = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    child = int(target.stdout.readline())
+    d = tmp_path / "sock"
+    d.mkdir(mode=0o700)
+    fakes = [subprocess.Popen([sys.executable, "-c", ODD_PROBE, str(d / f"{pid}.sock"), kind])
+             for pid, kind in ((target.pid, "odd"), (child, "good"))]
+    col = Collector()
+    src = ProbeClientSource(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+    try:
+        wait_for(lambda: (d / f"{target.pid}.sock").exists() and (d / f"{child}.sock").exists(), 10, "the sockets")
+        src.start(col)
+        dropped = wait_for(lambda: [s for s in col.of("event", "probe") if "past 64 bits" in str(s.data)], 10,
+                           "the odd probe dropped")
+        n = len(col.of(KIND_PROBE_STEP))
+        wait_for(lambda: len(col.of(KIND_PROBE_STEP)) >= n + 3, 10, "the good probe's windows after the drop")
+        assert src._thread is not None and src._thread.is_alive()
+    finally:
+        src.stop()
+        for p in (*fakes, target):
+            p.kill()
+            p.wait()
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass
+    msg = dropped[0].data["message"]
+    assert f"PID {target.pid}" in msg and "\n" not in msg, msg
+    assert {s.key for s in col.of(KIND_PROBE_STEP)} == {str(child)}
+
+
+class _Fragile(ProbeClientSource):
+    """A client with a reading bug on one PID's windows (as a message no check foresaw)."""
+    fragile_pid = 0
+
+    def _handle(self, c, msg):
+        if c.pid == self.fragile_pid and msg.get("type") == "window":
+            raise KeyError("unforeseen")
+        super()._handle(c, msg)
+
+
+def test_a_message_the_client_cannot_read_costs_its_connection_not_the_clients_thread(tmp_path):
+    target = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    child = int(target.stdout.readline())
+    d = tmp_path / "sock"
+    d.mkdir(mode=0o700)
+    fakes = [subprocess.Popen([sys.executable, "-c", ODD_PROBE, str(d / f"{pid}.sock"), "good"])
+             for pid in (target.pid, child)]
+    col = Collector()
+    src = _Fragile(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+    src.fragile_pid = target.pid
+    try:
+        wait_for(lambda: (d / f"{target.pid}.sock").exists() and (d / f"{child}.sock").exists(), 10, "the sockets")
+        src.start(col)
+        dropped = wait_for(lambda: [s for s in col.of("event", "probe") if "could not read" in str(s.data)], 10,
+                           "the connection dropped")
+        n = len(col.of(KIND_PROBE_STEP))
+        wait_for(lambda: len(col.of(KIND_PROBE_STEP)) >= n + 3, 10, "the other probe's windows after the drop")
+    finally:
+        src.stop()
+        for p in (*fakes, target):
+            p.kill()
+            p.wait()
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass
+    assert "(KeyError)" in dropped[0].data["message"] and f"PID {target.pid}" in dropped[0].data["message"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 7: hostile clients of a real probe
 # ---------------------------------------------------------------------------------------------

@@ -156,6 +156,21 @@ def encode(msg: dict) -> bytes:
     return text.encode() + b"\n"
 
 
+class _IntTooLarge(ValueError):
+    pass
+
+
+def _int64(text: str) -> int:
+    """A JSON integer, refused past 64 bits: json.loads makes ints of any size, and float() of
+    one past ~1e308 raises where the reader takes a number (a probe never sends one)."""
+    if len(text) > 21:   # (a sign and 20 digits: 2**64 has 20)
+        raise _IntTooLarge(text[:24])
+    v = int(text)
+    if not -(1 << 63) <= v < (1 << 64):
+        raise _IntTooLarge(text)
+    return v
+
+
 class LineReader:
     """Splits a byte stream into messages. Bounded: a line longer than MAX_LINE is refused."""
 
@@ -177,7 +192,9 @@ class LineReader:
             if not line.strip():
                 continue
             try:
-                msg = json.loads(line)
+                msg = json.loads(line, parse_int=_int64)
+            except _IntTooLarge:
+                raise WireError("an integer past 64 bits: not a gputop probe") from None
             except (ValueError, UnicodeDecodeError):
                 raise WireError("a line that is not JSON: not a gputop probe") from None
             if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):

@@ -294,6 +294,9 @@ class ProbeClientSource(ThreadedSource):
                 self._handle(c, msg)
         except wire.WireError as e:
             self._detach(sel, c, f"PID {c.pid} ({c.path}): {e}")
+        except Exception as e:   # (a message no check foresaw costs its connection, not the source's thread)
+            self._detach(sel, c, f"PID {c.pid} ({c.path}): a message gputop could not read "
+                                 f"({type(e).__name__}): not a gputop probe")
 
     def _pause(self, sel, c: _ProbeConn, now: float) -> None:
         """Over its byte budget: leave the socket unread until the budget holds 64 KiB again
