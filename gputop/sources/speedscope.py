@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import Counter, OrderedDict
 
 MAX_STACKS_PER_THREAD = 64    # distinct stacks kept per thread and window (the rest counted)
@@ -43,20 +44,47 @@ class SourceLines:
 
     @staticmethod
     def _load(pid: int, path: str) -> list[str] | None:
+        """The file's lines, if it is a regular file the target's own user could read. The target
+        names the file (a code object's co_filename), and gputop may run as root: a FIFO would
+        block this thread for good, /dev/zero would be read until memory ran out, and
+        /etc/shadow would be read into the recording."""
+        try:
+            owner = os.stat(f"/proc/{pid}").st_uid   # (the process's user)
+        except OSError:
+            return None
         for candidate in (f"/proc/{pid}/root{path}" if path.startswith("/") else None, path):
             if not candidate:
                 continue
             try:
-                if os.path.getsize(candidate) > MAX_SOURCE_BYTES:
+                # (stat before open: opening a device can act on it; the descriptor is checked
+                # again, so a swap between the two is refused)
+                st = os.stat(candidate)
+                if not _plain_readable(st, owner):
                     return None
-                with open(candidate, "rb") as f:
-                    return f.read().decode("utf-8", "replace").splitlines()
+                fd = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
             except OSError:
                 continue
+            with os.fdopen(fd, "rb") as f:
+                got = os.fstat(fd)
+                if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino) or not _plain_readable(got, owner):
+                    return None
+                return f.read(MAX_SOURCE_BYTES).decode("utf-8", "replace").splitlines()
         return None
 
     def clear(self) -> None:
         self._files.clear()
+
+
+def _plain_readable(st: os.stat_result, owner: int) -> bool:
+    """A regular file of at most MAX_SOURCE_BYTES that user ``owner`` can read by its mode: its
+    own with the owner's read bit, or anyone's with the others' read bit (a file only its group
+    can read is left unread: the target's groups are not checked). gputop's own user reads
+    what it can (it runs as the target's user, or watches its own job)."""
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_BYTES:
+        return False
+    if owner == os.geteuid():
+        return True
+    return bool(st.st_mode & stat.S_IROTH or (st.st_uid == owner and st.st_mode & stat.S_IRUSR))
 
 
 def _is_pseudo(frame: dict) -> bool:
