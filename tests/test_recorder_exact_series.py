@@ -11,11 +11,12 @@ import glob
 import os
 
 import pytest
+import zlib
 
 from gputop.model import Sample
 from gputop.session.recorder import CHUNK_SAMPLES
 from gputop.session.recording_format import (
-    CODEC_ZLIB, MAX_DEPTH, MAX_STRING, FrameDamaged, decode_payload, encode_chunk, encode_chunk_series, validate_chunk,
+    CODEC_JSON, CODEC_ZLIB, MAX_DEPTH, MAX_STRING, FrameDamaged, decode_payload, encode_chunk_series, validate_chunk,
 )
 from gputop.session.recording_reader import RecordingReader
 
@@ -37,8 +38,8 @@ def _same_typed(a, b, where="") -> None:
         assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
 
 
-def _decoded(payload: bytes, t0: float, t1: float):
-    return validate_chunk(decode_payload(CODEC_ZLIB, payload), t0, t1)
+def _decoded(payload: bytes, t0: float, t1: float, codec: bytes = CODEC_ZLIB):
+    return validate_chunk(decode_payload(codec, payload), t0, t1)
 
 
 def test_series_of_every_committed_recording_are_what_decoding_gives():
@@ -50,8 +51,8 @@ def test_series_of_every_committed_recording_are_what_decoding_gives():
             samples = [s for ref in r.index.good_chunks()[:20] for s in r.read_chunk(ref)]   # 20 s of each
         for i in range(0, len(samples), 500):
             piece = samples[i:i + 500]
-            payload, t0, t1, series = encode_chunk_series(piece)
-            assert (payload, t0, t1) == encode_chunk(piece)
+            payload, t0, t1, series, codec = encode_chunk_series(piece)
+            assert codec == CODEC_ZLIB
             assert series is not None, f"{path}: a real chunk should need no decoding"
             # (repr tells 1 from 1.0 and True, a tuple from a list, 1 from "1"; fast on big chunks)
             assert repr(list(series)) == repr(_decoded(payload, t0, t1)), os.path.basename(path)
@@ -75,17 +76,18 @@ class Ratio(float):
     [Ratio(0.5)],
     {"a": {"b": (1,)}},
 ])
-def test_values_json_changes_are_decoded_again(value):
+def test_values_json_changes_are_written_as_json_gives_them_back(value):
     samples = [Sample(1.0 + i / 10, "gpu", "0", {"util": 1.0, "x": value}) for i in range(5)]
-    payload, t0, t1, series = encode_chunk_series(samples)
-    assert series is None
-    _decoded(payload, t0, t1)   # decodes fine: the caller uses this
+    payload, t0, t1, series, codec = encode_chunk_series(samples)
+    # (made plain before writing: a tuple a list, a key a str, a subclass its base type)
+    assert series is not None
+    _same_typed(list(series), _decoded(payload, t0, t1, codec))
 
 
-def test_nan_is_decoded_again():
-    payload, t0, t1, series = encode_chunk_series([Sample(0.5, "gpu", "0", {"dram_bw": float("nan"), "x": 1.0})])
-    assert series is None
-    assert _decoded(payload, t0, t1)[0][3] == {"dram_bw": [None], "x": [1.0]}
+def test_nan_is_written_as_no_value():
+    payload, t0, t1, series, codec = encode_chunk_series([Sample(0.5, "gpu", "0", {"dram_bw": float("nan"), "x": 1.0})])
+    assert series is not None and series[0][3] == {"dram_bw": [None], "x": [1.0]}
+    assert _decoded(payload, t0, t1, codec)[0][3] == {"dram_bw": [None], "x": [1.0]}
 
 
 @pytest.mark.parametrize("value", [
@@ -94,24 +96,35 @@ def test_nan_is_decoded_again():
     -(1 << 64),
     "deep",                       # nested past MAX_DEPTH
 ])
-def test_what_decoding_refuses_is_never_handed_over(value):
+def test_what_the_reader_refuses_is_written_bounded_and_the_chunk_read(value):
+    """A value past the reader's bounds once made the writer write a chunk its own reader refused
+    whole (an audit: a 23-digit RANK in the target's environment lost every chunk of a session)."""
     if value == "deep":
         value = 1
         for _ in range(MAX_DEPTH + 1):
             value = [value]
-    payload, t0, t1, series = encode_chunk_series([Sample(2.0, "gpu", "0", {"v": value})])
-    assert series is None
-    with pytest.raises(FrameDamaged):
-        _decoded(payload, t0, t1)
+    payload, t0, t1, series, codec = encode_chunk_series([Sample(2.0, "gpu", "0", {"v": value, "x": 1.0})])
+    got = _decoded(payload, t0, t1, codec)
+    assert series is not None and repr(list(series)) == repr(got)
+    v = got[0][3]["v"][0]
+    assert got[0][3]["x"] == [1.0]
+    if isinstance(value, str):
+        assert v == value[:MAX_STRING]
+    elif isinstance(value, int):
+        assert v is None
+    else:   # the list nested past MAX_DEPTH: its deepest level is no value
+        assert v is not None and validate_chunk(decode_payload(codec, payload), t0, t1)
 
 
-def test_a_compression_bomb_of_our_own_is_decoded_again():
-    # a chunk of one repeated sample compresses past what decode_payload allows
+def test_a_chunk_that_compresses_like_a_bomb_is_written_as_plain_json():
+    # a chunk of one repeated sample compresses past what decode_payload allows zlib to inflate:
+    # zlib-compressed, the reader refused it as a bomb
     samples = [Sample(3.0, "gpu", "0", {"util": None}) for _ in range(CHUNK_SAMPLES)]
-    payload, t0, t1, series = encode_chunk_series(samples)
-    assert series is None
+    payload, t0, t1, series, codec = encode_chunk_series(samples)
     with pytest.raises(FrameDamaged, match="compression bomb"):
-        _decoded(payload, t0, t1)
+        decode_payload(CODEC_ZLIB, zlib.compress(payload if codec == CODEC_JSON else b"", 6))
+    assert codec == CODEC_JSON
+    assert series is not None and len(_decoded(payload, t0, t1, codec)[0][2]) == CHUNK_SAMPLES
 
 
 def test_plain_values_and_ints_in_range_are_handed_over():
@@ -119,6 +132,6 @@ def test_plain_values_and_ints_in_range_are_handed_over():
                                                        "big": (1 << 64) - 1, "neg": -(1 << 63), "none": None,
                                                        "ev": {"a": [1, 2.5, "s", None, {"b": False}]}})
                for i in range(4)]
-    payload, t0, t1, series = encode_chunk_series(samples)
+    payload, t0, t1, series, _ = encode_chunk_series(samples)
     assert series is not None
     _same_typed(list(series), _decoded(payload, t0, t1))

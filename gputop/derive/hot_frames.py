@@ -45,10 +45,11 @@ class HotCounts:
             keys = frame_keys(frames)
         nf = len(keys)
         total_n, self_n = self.total_n, self.self_n
-        for entry in th.get("stacks") or []:
+        stacks = th.get("stacks")
+        for entry in stacks if isinstance(stacks, list) else ():
             try:
                 count, stack = int(entry[0]), [int(i) for i in entry[1]]
-            except (TypeError, ValueError, IndexError):
+            except (TypeError, ValueError, IndexError, KeyError, OverflowError):
                 continue
             if count <= 0:
                 continue
@@ -61,7 +62,9 @@ class HotCounts:
             if 0 <= last < nf and keys[last] is not None:
                 fkey = keys[last]
                 self_n[fkey] += count
-                self.lines.setdefault(fkey, Counter())[frames[last][2]] += count
+                line = frames[last][2]
+                if type(line) in (int, str):   # (a damaged frame's line, a list, would not hash)
+                    self.lines.setdefault(fkey, Counter())[line] += count
 
     def add_sample(self, s, want: Callable[[int, dict], bool] | None = None) -> None:
         """The threads of one stacks sample that ``want(pid, thread)`` (all when None)."""

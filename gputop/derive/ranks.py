@@ -34,6 +34,10 @@ from gputop.sources.ranks import KIND_RANK, STATE_EXITED, STATE_RUNNING
 
 from gputop.catalogue import KIND_PROBE_STEP, KIND_STACKS, KIND_THREAD_KERNEL, KIND_THREAD_STATE
 
+# local ranks listed one by one as missing at most up to this LOCAL_WORLD_SIZE: a node holds at
+# most a few hundred ranks (one per core); a larger one is damage or a hostile environment (a
+# set of range(10**12) froze the UI and ran out of memory)
+MAX_LOCAL_WORLD = 4096
 FRESH_S = {KIND_GPU: 3.0, KIND_GPU_PROCS: 5.0, KIND_PROBE_STEP: 5.0, KIND_THREAD_STATE: 12.0, KIND_PROC: 4.0}
 THREAD_FIELDS = ("running_pct", "gil_pct", "data_pct", "cuda_pct", "collective_pct", "idle_pct", "cpu_wait_pct",
                  "unknown_pct")
@@ -190,7 +194,7 @@ def rank_overview(rows: list[dict]) -> dict:
     worlds = sorted({x["world_size"] for x in rows if x["world_size"] is not None})
     lws = sorted({x["local_world_size"] for x in running if x["local_world_size"] is not None})
     missing = None
-    if len(lws) == 1:
+    if len(lws) == 1 and lws[0] <= MAX_LOCAL_WORLD:   # (a larger one is no node's: not listed rank by rank)
         found = {x["local_rank"] for x in running if x["local_rank"] is not None}
         missing = sorted(set(range(lws[0])) - found)
     return {"running": len(running), "exited": len(rows) - len(running), "world_sizes": worlds,

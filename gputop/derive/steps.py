@@ -36,9 +36,15 @@ def _n(v) -> float | None:
 
 
 def _int(v) -> int:
-    """A count from a window: 0 when it is missing or not a finite number."""
+    """A count from a window: 0 when it is missing, negative or not a finite number."""
     f = _n(v)
-    return 0 if f is None else int(v) if isinstance(v, int) else int(f)
+    return 0 if f is None or f < 0 else int(v) if isinstance(v, int) else int(f)
+
+
+def _dur(v) -> float | None:
+    """A duration from a window (seconds): None when it is missing, negative or not finite."""
+    f = _n(v)
+    return None if f is None or f < 0 else f
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -317,10 +323,10 @@ def pool_steps(windows) -> StepPool:
     scales: list = []
     for s in windows:
         n = _int(s.get("step_n"))
-        w = _n(s.get("window_s")) or 0.0
+        w = _dur(s.get("window_s")) or 0.0
         steps += _int(s.get("steps"))
         timed += n
-        step_s += _n(s.get("step_s_sum")) or 0.0
+        step_s += _dur(s.get("step_s_sum")) or 0.0
         observed += w
         if s.get("steps"):
             training += w
@@ -330,11 +336,11 @@ def pool_steps(windows) -> StepPool:
                 samples = None
             elif samples is not None:
                 samples += _int(s.get("samples"))
-        dw = _n(s.get("data_wait_s_sum"))
+        dw = _dur(s.get("data_wait_s_sum"))
         if dw is not None:
             wait = dw if wait is None else wait + dw
         gpu_n += _int(s.get("gpu_n"))
-        gpu_s += _n(s.get("gpu_s_sum")) or 0.0
+        gpu_s += _dur(s.get("gpu_s_sum")) or 0.0
         if s.get("syncs") is not None:
             syncs = (syncs or 0) + _int(s.get("syncs"))
             sync_steps += n
@@ -346,9 +352,11 @@ def pool_steps(windows) -> StepPool:
         if isinstance(h, dict):
             for b, c in h.items():
                 try:
-                    hist[int(b)] = hist.get(int(b), 0) + int(c)
+                    b, c = int(b), int(c)
                 except (TypeError, ValueError, OverflowError):
                     continue
+                if 0 <= b <= wire.MAX_HIST_BUCKET and c >= 0:   # (else damage: its time overflows)
+                    hist[b] = hist.get(b, 0) + c
         mx = _n(s.get("step_ms_max"))
         if mx is not None and (step_max is None or mx > step_max):
             step_max = mx

@@ -110,12 +110,13 @@ def _classify_sample(s: Sample) -> dict:
         leaf: Counter = Counter()
         worker = False
         n = 0
-        for entry in th.get("stacks") or []:
+        stacks = th.get("stacks")
+        for entry in stacks if isinstance(stacks, list) else ():   # (damage: a thread's stacks lost, not the sample's)
             try:
                 count, stack = entry
                 count = int(count)
                 stack = [int(i) for i in stack]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 continue
             if count <= 0:
                 continue

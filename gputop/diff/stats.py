@@ -47,7 +47,7 @@ def window_rates(windows: list[Sample], length_s: float) -> list[float]:
     for i in sorted(buckets):
         pool = pool_steps(s.data for s in buckets[i])
         rate = pool.steps_per_training_s
-        if rate and pool.training_s >= 0.5 * length_s and pool.timed_steps >= 2:
+        if rate and rate > 0 and pool.training_s >= 0.5 * length_s and pool.timed_steps >= 2:
             out.append(rate)
     return out
 

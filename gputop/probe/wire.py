@@ -205,6 +205,7 @@ class LineReader:
 # Step-time histogram: 8 buckets per octave of microseconds (bucket width ~9%), so percentiles
 # over a whole run come back within ~4.5% from a few integers per window.
 HIST_PER_OCTAVE = 8
+MAX_HIST_BUCKET = 400   # 2**(400/8) us is 36 years: a bucket past it is damage (and its time overflows a float)
 
 
 def hist_bucket(seconds: float) -> int:

@@ -17,9 +17,8 @@ from typing import Protocol
 from gputop.sources.files import FilesError, check_dir_chain
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
-    _FILE_HEADER, CHUNK_SLACK_S, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, FRAME_META,
-    FRAME_SUMMARY, MAGIC, RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, json_frame,
-    validate_chunk,
+    _FILE_HEADER, CHUNK_SLACK_S, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, MAGIC,
+    RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, meta_frame, summary_frame, validate_chunk,
 )
 
 MAX_QUEUED_SAMPLES = 200_000   # ~15 minutes of a busy 8-GPU session (about 200 samples/s):
@@ -73,25 +72,25 @@ class RecordingWriter:
         except OSError as e:
             raise RecordingError(f"cannot create {path}: {e.strerror}") from None
         self._f.write(_FILE_HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0))
-        self._f.write(json_frame(FRAME_META, meta))
+        self._f.write(meta_frame(meta))
         self._f.flush()
         self.bytes_written = self._f.tell()
         self.closed = False
 
     def write_meta(self, meta: dict) -> None:
-        self._write(json_frame(FRAME_META, meta))
+        self._write(meta_frame(meta))
 
     def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None] | None:
         """Writes one chunk frame; returns its (payload, t0, t1) and its series as a reader will
         decode them, where the encoder could show that they are its own (else None)."""
         if samples:
-            payload, t0, t1, series = encode_chunk_series(samples)
-            self._write(frame_bytes(FRAME_CHUNK, payload, CODEC_ZLIB, t0, t1))
+            payload, t0, t1, series, codec = encode_chunk_series(samples)
+            self._write(frame_bytes(FRAME_CHUNK, payload, codec, t0, t1))
             return payload, t0, t1, series
         return None
 
     def write_summary(self, summary: dict) -> None:
-        self._write(json_frame(FRAME_SUMMARY, summary))
+        self._write(summary_frame(summary))
 
     def _write(self, frame: bytes) -> None:
         self._f.write(frame)
@@ -114,7 +113,7 @@ class RecordingWriter:
             return
         self.closed = True
         try:
-            self._f.write(json_frame(FRAME_END, end or {}))
+            self._f.write(meta_frame(end or {}, FRAME_END))
             self._f.flush()
             if sync:
                 os.fsync(self._f.fileno())

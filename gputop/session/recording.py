@@ -48,6 +48,6 @@ from gputop.session.recording_format import (  # noqa: F401
     _FILE_HEADER, _FRAME_HEADER, CHUNK_SLACK_S, CODEC_JSON, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK,
     FRAME_END, FRAME_MARK, FRAME_META, MAGIC, MAX_CHUNK_SPAN_S, MAX_DECODED_BYTES, MAX_DEPTH, MAX_FRAME_BYTES,
     MAX_FRAMES_PER_FILE, MAX_SAMPLES_PER_CHUNK, MAX_STRING, MAX_VALUES_PER_CHUNK, ChunkRef, Damage, RecordingError,
-    RecordingIndex, Series, encode_chunk, samples_of, validate_chunk,
+    RecordingIndex, Series, samples_of, validate_chunk,
 )
 from gputop.session.recording_reader import RecordingReader, damage_line  # noqa: F401

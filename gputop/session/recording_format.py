@@ -41,6 +41,7 @@ MAX_VALUES_PER_FILE_BYTE = 8            # values in all chunks per byte of file 
 MIN_VALUES_PER_FILE = 1_000_000         # so reading a file costs time in proportion to its size
 MAX_SAMPLES_PER_CHUNK = 100_000         # one second of samples; honest: under 200
 MAX_DEPTH = 6                           # nesting of a value (honest: a list of strings, depth 1)
+SUMMARY_DEPTH = -2 * MAX_DEPTH          # a summary's values start this deep: they nest twice as deep
 MAX_STRING = 64 * 1024                  # one string (honest: a command line, a stack frame)
 MAX_FRAMES_PER_FILE = 1 << 20           # one chunk a second: 12 days of recording
 MAX_DAMAGED_PARTS = 1000                # more damaged places than this: the file is beyond repair
@@ -119,16 +120,35 @@ def _finite(v):
     return v
 
 
-def encode_chunk(samples: list[Sample]) -> tuple[bytes, float, float]:
-    """Samples -> (payload, t0, t1). Columnar per (kind, key): compresses about 5-10x better."""
-    payload, t0, t1, _ = encode_chunk_series(samples)
-    return payload, t0, t1
+def _bounded(v, depth: int = 0):
+    """``v`` as the reader takes it (``_check_value(v, depth)``): NaN/inf, an int past 64 bits and
+    a container nested past MAX_DEPTH become None, a string past MAX_STRING is cut, a tuple is a
+    list and a key a string. A writer that wrote them as they are made chunks its own reader
+    refused whole (a RANK of 23 digits in the target's environment lost every chunk)."""
+    if v is None or type(v) is bool:
+        return v
+    if isinstance(v, float):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return int(v) if -(1 << 63) <= v < (1 << 64) else None
+    if isinstance(v, str):
+        return str(v[:MAX_STRING])
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(v, (list, tuple)):
+        return [_bounded(x, depth + 1) for x in v]
+    if isinstance(v, dict):
+        return {str(k)[:MAX_STRING]: _bounded(x, depth + 1) for k, x in v.items()}
+    return None   # (not a JSON value: json.dumps would refuse the chunk)
 
 
-def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None]:
-    """``encode_chunk``, and the chunk's series exactly as ``validate_chunk(decode_payload(...))``
-    gives them back, where that is shown cheaply here (None where not: decode the payload; and
-    where decoding would refuse the chunk, so that the caller sees the same refusal)."""
+def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None, bytes]:
+    """Samples -> (payload, t0, t1, series, codec): columnar per (kind, key), which compresses
+    about 5-10x better; the payload's codec (``packed``); and the chunk's series exactly as
+    ``validate_chunk(decode_payload(...))`` gives them back, where that is shown cheaply here
+    (None where not: decode the payload; and where decoding would refuse the chunk -- one too
+    big -- so that the caller sees the same refusal). Values past the reader's bounds are written
+    bounded (``_bounded``): the reader takes every chunk its own writer wrote."""
     groups: dict[tuple[str, str], tuple[list, dict]] = {}
     for s in samples:
         g = groups.get((s.kind, s.key))
@@ -146,19 +166,25 @@ def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, lis
             if len(col) < n + 1:
                 col.append(None)
     series = [[kind, key, ts, cols] for (kind, key), (ts, cols) in groups.items()]
-    exact = True
-    try:
-        text = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        exact = False   # NaN/inf written as null: decoding gives other values
-        text = json.dumps({"series": _finite(series)}, separators=(",", ":"), allow_nan=False)
     # the chunk's span is that of the times it holds (rounded): a header t1 below its newest
     # rounded-up time hid a session's last samples from a replay that seeks to its end
     t0 = min(min(ts) for ts, _ in groups.values())
     t1 = max(max(ts) for ts, _ in groups.values())
-    raw = text.encode()
-    payload = zlib.compress(raw, 6)
-    return payload, t0, t1, (_as_decoded(series, raw, len(payload), t0, t1) if exact else None)
+    try:
+        raw = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False).encode()
+        codec, payload = packed(raw)
+        decoded = _as_decoded(series, raw, len(payload), t0, t1)
+    except (ValueError, TypeError):   # NaN/inf, or a value JSON has no form for
+        decoded = None
+    if decoded is None:
+        # (rare: a value past the reader's bounds, NaN/inf; or a chunk too big, which stays so)
+        series = [[_bounded(kind), _bounded(key), ts, {_bounded(name): [_bounded(v, 1) for v in col]
+                                                       for name, col in cols.items()}]
+                  for kind, key, ts, cols in series]
+        raw = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False).encode()
+        codec, payload = packed(raw)
+        decoded = _as_decoded(series, raw, len(payload), t0, t1)
+    return payload, t0, t1, decoded, codec
 
 
 def _payload_ok(raw: bytes, n_payload: int) -> bool:
@@ -246,7 +272,31 @@ def frame_bytes(ftype: bytes, payload: bytes, codec: bytes = CODEC_ZLIB, t0: flo
 
 
 def json_frame(ftype: bytes, obj: dict) -> bytes:
+    """A frame of ``obj`` as it is (NaN/inf as null): ``meta_frame`` and ``summary_frame`` bound it
+    as the reader does."""
     return frame_bytes(ftype, zlib.compress(json.dumps(_finite(obj), allow_nan=False).encode(), 6))
+
+
+def packed(raw: bytes) -> tuple[bytes, bytes]:
+    """(codec, payload) for a frame's JSON: zlib, unless the reader would take its inflation for a
+    bomb (a long run of one character: a 100 KB command-line argument of one letter), then the
+    JSON as it is."""
+    z = zlib.compress(raw, 6)
+    return (CODEC_ZLIB, z) if _payload_ok(raw, len(z)) else (CODEC_JSON, raw)
+
+
+def _frame(ftype: bytes, obj: dict) -> bytes:
+    codec, payload = packed(json.dumps(obj, allow_nan=False).encode())
+    return frame_bytes(ftype, payload, codec)
+
+
+def meta_frame(meta: dict, ftype: bytes = FRAME_META) -> bytes:
+    """The metadata frame (or the end frame: ``FRAME_END``), bounded as check_meta reads them."""
+    return _frame(ftype, _bounded(meta))
+
+
+def summary_frame(summary: dict) -> bytes:
+    return _frame(FRAME_SUMMARY, _bounded(summary, SUMMARY_DEPTH))   # (check_summary's bounds)
 
 
 def crc_ok(payload: bytes, crc: int, t0: float, t1: float) -> bool:
@@ -364,7 +414,7 @@ def _tree_ok(v, depth: int = 0) -> bool:
 def check_summary(obj) -> dict:
     """A summary frame's payload: an object; its parts are checked by whoever reads them
     (derive/record_stats.py), values bounded in size and depth like a chunk's."""
-    if not isinstance(obj, dict) or not _tree_ok(obj, -2 * MAX_DEPTH):
+    if not isinstance(obj, dict) or not _tree_ok(obj, SUMMARY_DEPTH):
         raise FrameDamaged("summary is not an object of bounded size and depth")
     return obj
 

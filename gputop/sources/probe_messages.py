@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from gputop.probe import wire
+
 from gputop.sources.probe_fields import COPY_FIELDS, COPY_WAYS, COPY_WHATS
 
 MAX_STR = 400
@@ -24,6 +26,23 @@ def _int(x) -> int | None:
     if isinstance(x, bool) or not isinstance(x, int):
         return None
     return x
+
+
+def _count(x) -> int | None:
+    v = _int(x)
+    return v if v is not None and v >= 0 else None
+
+
+def _secs(x) -> float | None:
+    v = _num(x)
+    return v if v is not None and v >= 0 else None
+
+
+def _bucket(k) -> int | None:
+    """A step-time histogram's bucket key ("0" to str(wire.MAX_HIST_BUCKET)) as an int."""
+    if not (isinstance(k, str) and 0 < len(k) <= 3 and k.isascii() and k.isdigit()):
+        return None
+    return int(k) if int(k) <= wire.MAX_HIST_BUCKET else None
 
 
 def _str(x) -> str | None:
@@ -60,30 +79,34 @@ def step_data(c, w: dict) -> dict:
     ``rank``, and ``last_cpu`` which this updates)."""
     t0, t1 = _num(w.get("t0")), _num(w.get("t1"))
     window_s = (t1 - t0) if (t0 is not None and t1 is not None and t1 > t0) else None
-    steps = _int(w.get("steps")) or 0
-    step_n = _int(w.get("step_n")) or 0
-    step_sum = _num(w.get("step_sum"))
+    # (counts and durations are never negative: a damaged or hostile window's are no value)
+    steps = _count(w.get("steps")) or 0
+    step_n = _count(w.get("step_n")) or 0
+    step_sum = _secs(w.get("step_sum"))
     mean = step_sum / step_n if (step_n and step_sum is not None) else None
-    wait = _num(w.get("step_wait"))
+    wait = _secs(w.get("step_wait"))
+    if wait is not None and step_sum is not None and wait > step_sum:
+        wait = None   # (a wait longer than the steps it is part of)
     wait_ms = wait / step_n * 1000 if (step_n and wait is not None) else None
     share = wait / step_sum if (wait is not None and step_sum) else None
-    gpu_n = _int(w.get("gpu_n")) or 0
-    gpu_sum = _num(w.get("gpu_sum"))
+    gpu_n = _count(w.get("gpu_n")) or 0
+    gpu_sum = _secs(w.get("gpu_sum"))
     gpu_ms = gpu_sum / gpu_n * 1000 if (gpu_n and gpu_sum is not None) else None
     step_ms = mean * 1000 if mean is not None else None
     other_ms = None
     if step_ms is not None and wait_ms is not None:
         other_ms = max(0.0, step_ms - wait_ms - (gpu_ms or 0.0))
-    batches = _int(w.get("batches"))
-    samples = _int(w.get("samples"))
+    batches = _count(w.get("batches"))
+    samples = _count(w.get("samples"))
     if _int(w.get("unsized")):
         # Some batches had no tensor and the loader no batch_size: the count would be short.
         samples = None
-    syncs = _int(w.get("step_syncs"))
+    syncs = _count(w.get("step_syncs"))
     top = w.get("sync_top") if isinstance(w.get("sync_top"), list) else []
     top0 = top[0] if top and isinstance(top[0], list) and len(top[0]) == 2 else None
     hist = w.get("step_hist") if isinstance(w.get("step_hist"), dict) else {}
-    hist = {str(k)[:8]: v for k, v in list(hist.items())[:200] if _int(v) is not None}
+    hist = {k: v for k, v in list(hist.items())[:200]
+            if _count(v) is not None and _bucket(k) is not None}
 
     def per_s(n):
         return _r(n / window_s) if (n is not None and window_s) else None

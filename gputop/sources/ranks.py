@@ -80,6 +80,9 @@ FAMILIES: tuple[RankFamily, ...] = (
 )
 
 
+MAX_RANK_VALUE = 1 << 31
+
+
 def _env_int(env: Mapping[str, str], name: str | None) -> int | None:
     if name is None:
         return None
@@ -90,7 +93,9 @@ def _env_int(env: Mapping[str, str], name: str | None) -> int | None:
         n = int(str(v).strip())
     except ValueError:
         return None
-    return n if n >= 0 else None
+    # (torch keeps ranks in 32 bits; a larger value from the target's environment would also be
+    # written into the recording past what its reader takes)
+    return n if 0 <= n < MAX_RANK_VALUE else None
 
 
 def rank_env(env: Mapping[str, str]) -> dict | None:

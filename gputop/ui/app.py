@@ -468,19 +468,27 @@ class GputopApp(App[int]):
             self.session_error = None
         except Exception as e:  # e.g. a followed file turned out damaged: say so, keep what we have
             self.session_error = f"reading the session failed: {e or type(e).__name__}"
-        try:
-            if self._due():
-                self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
-        except Exception as e:  # a drawing bug must not kill a monitor of a long training run
-            self.tick_errors += 1
-            self.last_tick_error = f"display error: {type(e).__name__}: {e}"
-            try:
-                banner = self._banner
-                banner.display = True
-                banner.show(Text(fmt.clean(self.last_tick_error), style="bold"))
-            except Exception:
-                pass
+        if self._due():
+            self._draw_guarded()
         self.tick_log.append((started, time.perf_counter() - started))
+
+    def _draw_guarded(self) -> None:
+        """Draw now; a drawing bug must not kill a monitor of a long training run (at a tick, or
+        at a key: Textual ends the app on an exception in a key's action)."""
+        try:
+            self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
+        except Exception as e:
+            self.display_error(e)
+
+    def display_error(self, e: Exception) -> None:
+        self.tick_errors += 1
+        self.last_tick_error = f"display error: {type(e).__name__}: {e}"
+        try:
+            banner = self._banner
+            banner.display = True
+            banner.show(Text(fmt.clean(self.last_tick_error), style="bold"))
+        except Exception:
+            pass
 
     def _due(self) -> bool:
         """Whether this tick redraws: the session clock entered a new second, the view or size
@@ -513,12 +521,17 @@ class GputopApp(App[int]):
             for spec in self.view_specs:
                 shown_any = False
                 for panel in self.panels[spec.id]:
-                    shown = panel.shown(snap)
-                    shown_any |= shown
-                    if spec.id == self.current_view:
-                        panel.display = shown
-                        if shown:
-                            panel.update_view(snap)
+                    try:
+                        shown = panel.shown(snap)
+                        shown_any |= shown
+                        if spec.id == self.current_view:
+                            panel.display = shown
+                            if shown:
+                                panel.update_view(snap)
+                    except Exception as e:   # (one panel's failure: it says so, the others draw)
+                        if spec.id == self.current_view:
+                            panel.display = True
+                        panel.failed(e)
                 has_data[spec.id] = shown_any
                 if spec.id == self.current_view:
                     empty = self._empty[spec.id]
@@ -542,7 +555,7 @@ class GputopApp(App[int]):
 
     def redraw_now(self) -> None:
         """After a key changed the replay position: show it without waiting for the tick."""
-        self._draw(Snapshot(self.session, self.history_s, self._cell_cache, self.job_log))
+        self._draw_guarded()
 
     # -- views ---------------------------------------------------------------------------------
     def _show_view(self, view_id: str) -> None:

@@ -57,6 +57,7 @@ from textual.geometry import Region
 from textual.widget import Widget
 
 from gputop.model import MetricSpec
+from gputop.ui import fmt
 from gputop.ui.snapshot import Snapshot
 
 
@@ -179,6 +180,10 @@ class Panel(Widget):
     def update_view(self, snap: Snapshot) -> None:
         self.last_snapshot = snap
 
+    def show_failure(self, e: Exception) -> None:
+        """What the panel shows when drawing it failed (a bug, or a value no check foresaw):
+        one line; the app counts it and says it in the banner. Default: nothing more."""
+
     def follow(self, snap: Snapshot) -> None:
         """Called at every draw, also while the panel's view is hidden, for a panel that must not
         miss what the store forgets after 300 s (the verdict strip follows the primary verdict's
@@ -186,7 +191,18 @@ class Panel(Widget):
 
     def on_resize(self) -> None:
         if self.last_snapshot is not None and self.display:
-            self.update_view(self.last_snapshot)
+            try:
+                self.update_view(self.last_snapshot)
+            except Exception as e:   # (Textual ends the app on an exception in a handler)
+                self.failed(e)
+
+    def failed(self, e: Exception) -> None:
+        """Drawing the panel raised: it shows one line, and the app counts it and says it in its
+        banner (a bug, or a value no check foresaw, costs this panel, not the monitor)."""
+        self.show_failure(e)
+        report = getattr(self.app, "display_error", None) if self.is_attached else None
+        if report is not None:
+            report(e)
 
 
 def changed_rows(old: Text, new: Text, width: int) -> list[int] | None:
@@ -230,6 +246,11 @@ class TextPanel(Panel):
             self.refresh(*(Region(0, y, width, 1) for y in rows) if rows is not None else ())
         self.repaints += 1
         self._lines = lines
+
+    def show_failure(self, e: Exception) -> None:
+        self._text = Text(fmt.clip(f"this panel could not be drawn: {type(e).__name__}: {e}", 300), style="bold")
+        self._lines = 1
+        self.refresh(layout=True)
 
     @property
     def text(self) -> Text:

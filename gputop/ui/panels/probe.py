@@ -102,11 +102,16 @@ def split_text(split: dict, info: str | None) -> Text:
     return t
 
 
+def _list(v) -> list:
+    return v if isinstance(v, list) else []
+
+
 def split_bar(split: dict, width: int) -> Text:
     """A bar of ``width`` cells: data wait, GPU time, other host time, in that order."""
     parts = [(split["data_wait_share"], STYLE_WAIT), (split["gpu_share"] or 0.0, STYLE_GPU),
              (split["other_share"], STYLE_OTHER)]
-    cells = [int(round(share * width)) for share, _ in parts]
+    # (a share is a fraction: one outside 0-1 from a damaged or hostile probe draws as its bound)
+    cells = [int(round(min(1.0, max(0.0, share)) * width)) for share, _ in parts]
     while sum(cells) > width:
         cells[cells.index(max(cells))] -= 1
     t = Text()
@@ -288,8 +293,9 @@ class StepsPanel(TextPanel):
             if bps is not None:
                 t.append(f"  {bps:g} batch/step")
         batch = None
-        if cfg is not None and cfg.get("loaders"):
-            batch = cfg.get("loaders")[0].get("batch_size")
+        loaders = cfg.get("loaders") if cfg is not None else None
+        if isinstance(loaders, list) and loaders and isinstance(loaders[0], dict):
+            batch = loaders[0].get("batch_size")
         if batch is not None:
             t.append(f"  batch size {batch}")
         t.append("\n")
@@ -366,9 +372,10 @@ class ProbeSettings(TextPanel):
              (" · TF32 ", STYLE_LABEL), (f"matmul {_onoff(c.get('tf32_matmul'))}, cuDNN {_onoff(c.get('tf32_cudnn'))}", ""),
              (f" · fp32 matmul precision {fmt.clean(c.get('float32_matmul_precision'))}", ""),
              (" · cudnn.benchmark ", STYLE_LABEL), (_onoff(c.get("cudnn_benchmark")), ""))
-        comp = c.get("compile") or {}
+        comp = c.get("compile") if isinstance(c.get("compile"), dict) else {}
         calls = comp.get("calls") or 0
-        modes = sorted({str(u.get("mode")) for u in (comp.get("uses") or []) if isinstance(u, dict)})
+        uses = comp.get("uses") if isinstance(comp.get("uses"), list) else []
+        modes = sorted({fmt.clean(u.get("mode")) for u in uses if isinstance(u, dict)})
         clb = c.get("cuda_launch_blocking")
         line(("torch.compile ", STYLE_LABEL),
              (f"{calls} call(s) ({', '.join(modes)})" + (f", {comp.get('graphs')} graph(s)" if comp.get("graphs") is not None else "")
@@ -378,7 +385,8 @@ class ProbeSettings(TextPanel):
              (" · anomaly detection ", STYLE_LABEL), (_onoff(c.get("anomaly_detection")),
                                                      STYLE_BAD if c.get("anomaly_detection") else ""),
              (" · deterministic ", STYLE_LABEL), (_onoff(c.get("deterministic_algorithms")), ""))
-        for ld in (c.get("loaders") or [])[:3]:
+        loaders = c.get("loaders") if isinstance(c.get("loaders"), list) else []
+        for ld in loaders[:3]:
             if not isinstance(ld, dict):
                 continue
             pf = ld.get("prefetch_factor")
@@ -386,14 +394,14 @@ class ProbeSettings(TextPanel):
                  (f" batch {ld.get('batch_size')} · num_workers {ld.get('num_workers')}"
                   f" · pin_memory {ld.get('pin_memory')} · prefetch_factor {pf if pf is not None else 'n/a (no workers)'}"
                   f" · persistent_workers {ld.get('persistent_workers')}", ""))
-        if not c.get("loaders"):
+        if not loaders:
             line(("DataLoader ", STYLE_LABEL), ("none iterated (data loaded another way, or not yet)", STYLE_DIM))
         opt = c.get("optimizer")
         if isinstance(opt, dict):
             n = opt.get("params")
             line(("optimizer ", STYLE_LABEL), (f"{fmt.clean(opt.get('class'))}", ""),
                  (f" · {_count(n)} params "
-                  f"{'/'.join(fmt.clean(x) for x in opt.get('param_dtypes') or [])}", ""),
+                  f"{'/'.join(fmt.clean(x) for x in _list(opt.get('param_dtypes')))}", ""),
                  (f" · foreach {opt.get('foreach')} · fused {opt.get('fused')}", ""))
         mem = snap.latest("probe_memory", key)
         if mem is not None:
@@ -436,6 +444,8 @@ class SyncLines(TextPanel):
                 if not isinstance(item, list) or len(item) != 2:
                     continue
                 line, n = item
+                if not isinstance(n, int) or isinstance(n, bool):
+                    continue
                 if out.plain:
                     out.append("\n")
                 share = f"{n / total * 100:3.0f}%" if total else "   "
