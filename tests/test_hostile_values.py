@@ -114,6 +114,12 @@ def write_hostile(path: Path, where: tuple, value, first_only: bool = False) -> 
                 entry[3][where[2]] = [value] * len(entry[2])
                 if first_only:
                     where = ("done",)
+    write_frames(path, meta, chunks)
+
+
+def write_frames(path: Path, meta: dict, chunks: list) -> None:
+    """A recording of ``meta`` and ``chunks`` [(t0, t1, series)] as they are, through the module's
+    frame builder (the writer would bound what these tests want written)."""
     w = RecordingWriter(str(path), {})
     w._write(rec.frame_bytes(rec.FRAME_META, zlib.compress(_dumps(meta).encode(), 1)))
     for t0, t1, series in chunks:
@@ -301,12 +307,7 @@ def test_a_hostile_sample_time_costs_its_chunk_only(tmp_path, value):
     entry = chunks[bad][2][0]
     entry[2][-1] = value
     path = tmp_path / "r.gtrec"
-    w = RecordingWriter(str(path), {})
-    w._write(rec.frame_bytes(rec.FRAME_META, zlib.compress(_dumps(META).encode(), 1)))
-    for t0, t1, series in chunks:
-        w._write(rec.frame_bytes(rec.FRAME_CHUNK, zlib.compress(_dumps({"series": series}).encode(), 1),
-                                 rec.CODEC_ZLIB, t0, t1))
-    w.close(END)
+    write_frames(path, META, chunks)
     report, text = check_report(path)
     damage = report["session"]["damage"]
     assert damage and "1 chunk damaged" in damage and damage in text, damage

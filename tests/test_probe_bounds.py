@@ -176,9 +176,12 @@ ODD_PROBE = textwrap.dedent("""
 """)
 
 
-def test_a_probe_sending_an_int_past_64_bits_is_dropped_and_the_others_are_still_read(tmp_path):
-    """Such an int once raised in the client's reading thread (a traceback, and no probe read
-    again for the session): it is now refused at the wire, as a line that is not JSON is."""
+def _two_probes(tmp_path, src_class, first: str, then_wait_for: str) -> tuple[Collector, int, int, list]:
+    """A target and its child, each with a fake probe (ODD_PROBE: ``first`` the target's kind,
+    "good" the child's), read by ``src_class``: the client's samples once an event naming
+    ``then_wait_for`` came and three more windows arrived after it (the client's thread still
+    reads): (collector, target PID, child PID, those events). A ``src_class`` with a
+    ``fragile_pid`` is given the target's."""
     target = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
                                "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -186,17 +189,18 @@ def test_a_probe_sending_an_int_past_64_bits_is_dropped_and_the_others_are_still
     d = tmp_path / "sock"
     d.mkdir(mode=0o700)
     fakes = [subprocess.Popen([sys.executable, "-c", ODD_PROBE, str(d / f"{pid}.sock"), kind])
-             for pid, kind in ((target.pid, "odd"), (child, "good"))]
+             for pid, kind in ((target.pid, first), (child, "good"))]
     col = Collector()
-    src = ProbeClientSource(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+    src = src_class(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+    if hasattr(src, "fragile_pid"):
+        src.fragile_pid = target.pid
     try:
         wait_for(lambda: (d / f"{target.pid}.sock").exists() and (d / f"{child}.sock").exists(), 10, "the sockets")
         src.start(col)
-        dropped = wait_for(lambda: [s for s in col.of("event", "probe") if "past 64 bits" in str(s.data)], 10,
-                           "the odd probe dropped")
+        events = wait_for(lambda: [s for s in col.of("event", "probe") if then_wait_for in str(s.data)], 10,
+                          f"an event saying {then_wait_for!r}")
         n = len(col.of(KIND_PROBE_STEP))
-        wait_for(lambda: len(col.of(KIND_PROBE_STEP)) >= n + 3, 10, "the good probe's windows after the drop")
-        assert src._thread is not None and src._thread.is_alive()
+        wait_for(lambda: len(col.of(KIND_PROBE_STEP)) >= n + 3, 10, "the other probe's windows after it")
     finally:
         src.stop()
         for p in (*fakes, target):
@@ -206,8 +210,15 @@ def test_a_probe_sending_an_int_past_64_bits_is_dropped_and_the_others_are_still
             os.kill(child, 9)
         except ProcessLookupError:
             pass
+    return col, target.pid, child, events
+
+
+def test_a_probe_sending_an_int_past_64_bits_is_dropped_and_the_others_are_still_read(tmp_path):
+    """Such an int once raised in the client's reading thread (a traceback, and no probe read
+    again for the session): it is now refused at the wire, as a line that is not JSON is."""
+    col, target, child, dropped = _two_probes(tmp_path, ProbeClientSource, "odd", "past 64 bits")
     msg = dropped[0].data["message"]
-    assert f"PID {target.pid}" in msg and "\n" not in msg, msg
+    assert f"PID {target}" in msg and "\n" not in msg, msg
     assert {s.key for s in col.of(KIND_PROBE_STEP)} == {str(child)}
 
 
@@ -222,34 +233,8 @@ class _Fragile(ProbeClientSource):
 
 
 def test_a_message_the_client_cannot_read_costs_its_connection_not_the_clients_thread(tmp_path):
-    target = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                               "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    child = int(target.stdout.readline())
-    d = tmp_path / "sock"
-    d.mkdir(mode=0o700)
-    fakes = [subprocess.Popen([sys.executable, "-c", ODD_PROBE, str(d / f"{pid}.sock"), "good"])
-             for pid in (target.pid, child)]
-    col = Collector()
-    src = _Fragile(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
-    src.fragile_pid = target.pid
-    try:
-        wait_for(lambda: (d / f"{target.pid}.sock").exists() and (d / f"{child}.sock").exists(), 10, "the sockets")
-        src.start(col)
-        dropped = wait_for(lambda: [s for s in col.of("event", "probe") if "could not read" in str(s.data)], 10,
-                           "the connection dropped")
-        n = len(col.of(KIND_PROBE_STEP))
-        wait_for(lambda: len(col.of(KIND_PROBE_STEP)) >= n + 3, 10, "the other probe's windows after the drop")
-    finally:
-        src.stop()
-        for p in (*fakes, target):
-            p.kill()
-            p.wait()
-        try:
-            os.kill(child, 9)
-        except ProcessLookupError:
-            pass
-    assert "(KeyError)" in dropped[0].data["message"] and f"PID {target.pid}" in dropped[0].data["message"]
+    _, target, _, dropped = _two_probes(tmp_path, _Fragile, "good", "could not read")
+    assert "(KeyError)" in dropped[0].data["message"] and f"PID {target}" in dropped[0].data["message"]
 
 
 # ---------------------------------------------------------------------------------------------
