@@ -178,7 +178,7 @@ def encode_chunk_series(samples: list[Sample]) -> tuple[bytes, float, float, lis
         decoded = None
     if decoded is None:
         # (rare: a value past the reader's bounds, NaN/inf; or a chunk too big, which stays so)
-        series = [[_bounded(kind), _bounded(key), ts, {_bounded(name): [_bounded(v, 1) for v in col]
+        series = [[_bounded(kind), _bounded(key), ts, {str(name)[:MAX_STRING]: [_bounded(v, 1) for v in col]
                                                        for name, col in cols.items()}]
                   for kind, key, ts, cols in series]
         raw = json.dumps({"series": series}, separators=(",", ":"), allow_nan=False).encode()
@@ -285,18 +285,26 @@ def packed(raw: bytes) -> tuple[bytes, bytes]:
     return (CODEC_ZLIB, z) if _payload_ok(raw, len(z)) else (CODEC_JSON, raw)
 
 
-def _frame(ftype: bytes, obj: dict) -> bytes:
-    codec, payload = packed(json.dumps(obj, allow_nan=False).encode())
+def _frame(ftype: bytes, obj: dict, depth: int) -> bytes:
+    """``obj``'s frame, its values bounded as the reader checks them from ``depth``: as it is where
+    it passes (the common case: a list-at-a-time check, ~5x cheaper than bounding a summary)."""
+    try:
+        raw = json.dumps(obj, allow_nan=False).encode() if _tree_ok(obj, depth) else None
+    except (ValueError, TypeError):   # NaN/inf, or a value JSON has no form for
+        raw = None
+    if raw is None:
+        raw = json.dumps(_bounded(obj, depth), allow_nan=False).encode()
+    codec, payload = packed(raw)
     return frame_bytes(ftype, payload, codec)
 
 
 def meta_frame(meta: dict, ftype: bytes = FRAME_META) -> bytes:
     """The metadata frame (or the end frame: ``FRAME_END``), bounded as check_meta reads them."""
-    return _frame(ftype, _bounded(meta))
+    return _frame(ftype, meta, 0)
 
 
 def summary_frame(summary: dict) -> bytes:
-    return _frame(FRAME_SUMMARY, _bounded(summary, SUMMARY_DEPTH))   # (check_summary's bounds)
+    return _frame(FRAME_SUMMARY, summary, SUMMARY_DEPTH)   # (check_summary's bounds)
 
 
 def crc_ok(payload: bytes, crc: int, t0: float, t1: float) -> bool:
