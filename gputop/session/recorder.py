@@ -17,7 +17,7 @@ from typing import Protocol
 from gputop.sources.files import FilesError, check_dir_chain
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_format import (
-    _FILE_HEADER, CHUNK_SLACK_S, CODEC_ZLIB, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, MAGIC,
+    _FILE_HEADER, CHUNK_SLACK_S, FORMAT_MAJOR, FORMAT_MINOR, FRAME_CHUNK, FRAME_END, MAGIC,
     RecordingError, Series, decode_payload, encode_chunk_series, frame_bytes, meta_frame, summary_frame, validate_chunk,
 )
 
@@ -80,13 +80,14 @@ class RecordingWriter:
     def write_meta(self, meta: dict) -> None:
         self._write(meta_frame(meta))
 
-    def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None] | None:
-        """Writes one chunk frame; returns its (payload, t0, t1) and its series as a reader will
-        decode them, where the encoder could show that they are its own (else None)."""
+    def write_samples(self, samples: list[Sample]) -> tuple[bytes, float, float, list[Series] | None, bytes] | None:
+        """Writes one chunk frame; returns its (payload, t0, t1), its series as a reader will
+        decode them, where the encoder could show that they are its own (else None), and its
+        codec."""
         if samples:
             payload, t0, t1, series, codec = encode_chunk_series(samples)
             self._write(frame_bytes(FRAME_CHUNK, payload, codec, t0, t1))
-            return payload, t0, t1, series
+            return payload, t0, t1, series, codec
         return None
 
     def write_summary(self, summary: dict) -> None:
@@ -280,7 +281,7 @@ class Recorder:
             return ""
         return f" at {int(t // 60)}:{t % 60:04.1f} of the session"
 
-    def _summarize(self, payload: bytes, t0: float, t1: float, series: list[Series] | None) -> None:
+    def _summarize(self, payload: bytes, t0: float, t1: float, series: list[Series] | None, codec: bytes) -> None:
         """Feed one written chunk to the summarizer; a summary frame per ``summary_s`` seconds.
         A failing summarizer stops the summaries, never the recording (readers then replay).
         The chunk is what a reader decodes: the encoder's series where it showed them to be
@@ -289,7 +290,7 @@ class Recorder:
             return
         try:
             if series is None:
-                series = validate_chunk(decode_payload(CODEC_ZLIB, payload), t0, t1)
+                series = validate_chunk(decode_payload(codec, payload), t0, t1)
             self.summarizer.add(series, t0, t1)
             if self._summary_t0 is None:
                 self._summary_t0 = t0
