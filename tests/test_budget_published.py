@@ -39,6 +39,8 @@ def test_session_samples_keep_the_changes_they_were_published_with():
     assert counts[-1] > counts[0], "the job changed phase (start-up, training, evaluation) while it was replayed"
     for s, then in published:
         assert json.dumps(s.data, sort_keys=True) == then, f"the sample of t={s.t} changed after it was published"
-    # and every one of them is encoded exactly: the recorder summarizes it without decoding
+    # and every one of them is JSON as it is (lists, not tuples): the recorder writes it without
+    # first making it plain (recording_format._bounded) and summarizes it without decoding
     for s, _ in published[-3:]:
+        assert json.loads(json.dumps(s.data)) == s.data and repr(json.loads(json.dumps(s.data))) == repr(s.data)
         assert encode_chunk_series([s])[3] is not None

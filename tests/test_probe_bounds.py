@@ -233,8 +233,8 @@ class _Fragile(ProbeClientSource):
 
 
 def test_a_message_the_client_cannot_read_costs_its_connection_not_the_clients_thread(tmp_path):
-    _, target, _, dropped = _two_probes(tmp_path, _Fragile, "good", "could not read")
-    assert "(KeyError)" in dropped[0].data["message"] and f"PID {target}" in dropped[0].data["message"]
+    _, target, _, dropped = _two_probes(tmp_path, _Fragile, "good", "failed to handle")
+    assert "(KeyError: 'unforeseen')" in dropped[0].data["message"] and f"PID {target}" in dropped[0].data["message"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ reproductions). Real files, a real FIFO, real processes of another user.
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -56,11 +58,18 @@ def test_a_file_past_the_size_bound_is_not_read(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="a process of another user needs root to start")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is not installed")
 def test_root_reads_for_another_users_target_only_what_that_user_could(tmp_path):
-    secret, shared = tmp_path / "secret.py", tmp_path / "shared.py"
+    # (tmp_path's parents are root's 0700 directories: the files go in one anyone may search)
+    open_dir = pathlib.Path(tempfile.mkdtemp(prefix="gputop-src-"))
+    os.chmod(open_dir, 0o755)
+    secret, shared = open_dir / "secret.py", open_dir / "shared.py"
     secret.write_text("root's line\n")
     os.chmod(secret, 0o600)
     shared.write_text("anyone's line\n")
     os.chmod(shared, 0o644)
+    hidden = tmp_path / "known_hosts.py"   # readable by anyone, in a directory only root enters
+    hidden.write_text("behind root's directory\n")
+    os.chmod(hidden, 0o644)
+    os.chmod(tmp_path, 0o700)
     nobody = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -71,8 +80,13 @@ def test_root_reads_for_another_users_target_only_what_that_user_could(tmp_path)
         assert _line(nobody.pid, str(secret)) is None
         assert _line(nobody.pid, "/etc/shadow") is None
         assert _line(nobody.pid, str(shared)) == "anyone's line"
+        assert _line(nobody.pid, str(hidden)) is None
+        assert os.path.exists("README.md")   # (the suite runs at the repository's root)
+        assert _line(nobody.pid, "README.md") is None   # (relative: to gputop's directory, not the job's)
         os.chown(secret, 65534, 65534)   # its own file, readable by its owner
         assert _line(nobody.pid, str(secret)) == "root's line"
+        assert _line(os.getpid(), str(hidden)) == "behind root's directory"   # root's own job: all it can
     finally:
         nobody.kill()
         nobody.wait()
+        shutil.rmtree(open_dir, ignore_errors=True)

@@ -313,7 +313,7 @@ class BudgetProcessor:
         return {"phases": {p: b.to_data() for p, b in self.session.items()},
                 "startup": self.tracker.startup(now), "startup_text": self.tracker.describe_startup(now),
                 # [t, phase] lists, as a recording gives them back: a tuple would make the
-                # recorder decode its chunk again to summarize it (encode_chunk_series)
+                # recorder rewrite its chunk plain before writing it (encode_chunk_series)
                 "changes": [[t, p] for t, p in _bounded(self.tracker.changes)]}
 
 

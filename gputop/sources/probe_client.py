@@ -295,8 +295,10 @@ class ProbeClientSource(ThreadedSource):
         except wire.WireError as e:
             self._detach(sel, c, f"PID {c.pid} ({c.path}): {e}")
         except Exception as e:   # (a message no check foresaw costs its connection, not the source's thread)
-            self._detach(sel, c, f"PID {c.pid} ({c.path}): a message gputop could not read "
-                                 f"({type(e).__name__}): not a gputop probe")
+            # (worded for both causes: a probe's odd message, or a bug of gputop's own while it
+            # handled one -- its samples' subscribers run on this thread too)
+            self._detach(sel, c, f"PID {c.pid} ({c.path}): gputop failed to handle one of its messages "
+                                 f"({type(e).__name__}: {str(e)[:120]}): stopped reading this probe")
 
     def _pause(self, sel, c: _ProbeConn, now: float) -> None:
         """Over its byte budget: leave the socket unread until the budget holds 64 KiB again

@@ -52,9 +52,12 @@ class SourceLines:
             owner = os.stat(f"/proc/{pid}").st_uid   # (the process's user)
         except OSError:
             return None
-        for candidate in (f"/proc/{pid}/root{path}" if path.startswith("/") else None, path):
+        mine = owner == os.geteuid()
+        for candidate in (f"/proc/{pid}/root{path}" if path.startswith("/") else None, path if mine else None):
             if not candidate:
                 continue
+            if not mine and not _dirs_searchable(pid, path, owner):
+                return None
             try:
                 # (stat before open: opening a device can act on it; the descriptor is checked
                 # again, so a swap between the two is refused)
@@ -85,6 +88,23 @@ def _plain_readable(st: os.stat_result, owner: int) -> bool:
     if owner == os.geteuid():
         return True
     return bool(st.st_mode & stat.S_IROTH or (st.st_uid == owner and st.st_mode & stat.S_IRUSR))
+
+
+def _dirs_searchable(pid: int, path: str, owner: int) -> bool:
+    """Whether user ``owner`` may pass through every directory above ``path`` (absolute, as the
+    process sees it) by their modes: a 0644 file inside a 0700 directory of root's
+    (/root/.ssh/known_hosts) is not the target's to read."""
+    parts = path.split("/")[1:-1]
+    d = f"/proc/{pid}/root"
+    for part in parts:
+        d = f"{d}/{part}"
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if not (st.st_mode & stat.S_IXOTH or (st.st_uid == owner and st.st_mode & stat.S_IXUSR)):
+            return False
+    return True
 
 
 def _is_pseudo(frame: dict) -> bool:
