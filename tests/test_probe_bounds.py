@@ -65,14 +65,19 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.05):
 # Item 6: a fake probe floods gputop
 # ---------------------------------------------------------------------------------------------
 
-FAKE_PROBE = textwrap.dedent("""
+# A fake probe's start: import, its socket at sys.argv[1] (0600), one monitor accepted as ``conn``.
+SERVE_ONE = textwrap.dedent("""
     import json, os, socket, sys, time
-    path, seconds = sys.argv[1], float(sys.argv[2])
+    path = sys.argv[1]
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
     os.chmod(path, 0o600)
     srv.listen(1)
     conn, _ = srv.accept()
+""")
+
+FAKE_PROBE = SERVE_ONE + textwrap.dedent("""
+    seconds = float(sys.argv[2])
     def line(msg):
         return json.dumps(msg).encode() + b"\\n"
     now = time.monotonic()
@@ -155,14 +160,8 @@ def test_a_flooding_fake_probe_costs_gputop_a_bounded_amount(tmp_path):
           f"dropped {health['dropped_msgs']} messages, rss +{rss_growth / 1e6:.1f} MB, cpu {cpu_s:.2f} s")
 
 
-ODD_PROBE = textwrap.dedent("""
-    import json, os, socket, sys, time
-    path, odd = sys.argv[1], sys.argv[2] == "odd"
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    os.chmod(path, 0o600)
-    srv.listen(1)
-    conn, _ = srv.accept()
+ODD_PROBE = SERVE_ONE + textwrap.dedent("""
+    odd = sys.argv[2] == "odd"
     def send(msg):
         conn.sendall(json.dumps(msg).encode() + b"\\n")
     send({"type": "hello", "v": 1, "mono": time.monotonic(), "pid": os.getpid(), "argv": ["fake"]})
