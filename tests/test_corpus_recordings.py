@@ -6,10 +6,11 @@ there (the job's own steps/s). Two runs make the corpus: benchmarks/results/h100
 call) first, then benchmarks/results/h200-corpus-1206/ (an H200: the other 22); each job's pair
 comes from one run, one card.
 
-Three jobs were run again for longer (``h100-corpus-1206b``, first in the list). The jobs judged
-right at the first scoring of each run (docs/verdicts.md, "The corpus") must stay
-right: a rule change that loses one fails here, whichever job it is, even if it wins another;
-one that wins a job adds it to these sets in the same commit.
+Three jobs were run again for longer (``h100-corpus-1206b``), and one for 60 s
+(``h100-accel-60s-1207``, first in the list). The jobs judged right at the first scoring of each
+run (docs/verdicts.md, "The corpus") must stay right: a rule change that loses one fails here,
+whichever job it is, even if it wins another; one that wins a job adds it to these sets in the
+same commit.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ RUN_H100 = ROOT / "benchmarks" / "results" / "h100-corpus-1206" / "h200"   # (h2
 # three jobs run again for longer on an H100 (third session of 2026-12-06): their 14 s pairs were
 # too short to judge after a late attach, or held 2 steps of a GIL-starved loop
 RUN_LONG = ROOT / "benchmarks" / "results" / "h100-corpus-1206b" / "h200"
+# accelerate_log_sleep (held out) run again for 60 s on an H100 (2026-12-07): its 14 s H200 pair
+# (+28% predicted, +44% measured) was the shortest of the gain misses; 60 s: +20% against +29%
+RUN_ACCEL60 = ROOT / "benchmarks" / "results" / "h100-accel-60s-1207"
 RUN_H200_30 = ROOT / "benchmarks" / "results" / "h200-issue30-1206b" / "h200"   # compile_varlen on an H200
 # second fixes (the manifest's second_flags), each job's three variants in one call on an H100
 # (2026-12-06, fourth session): not in the score, whose fix is the label's
@@ -65,8 +69,8 @@ def score(tmp_path: pathlib.Path, *args: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> list[dict]:
-    return score(tmp_path_factory.mktemp("corpus"), str(RUN_LONG / "corpus"), str(RUN_H100 / "corpus"),
-                 str(RUN / "corpus"))
+    return score(tmp_path_factory.mktemp("corpus"), str(RUN_ACCEL60 / "corpus"), str(RUN_LONG / "corpus"),
+                 str(RUN_H100 / "corpus"), str(RUN / "corpus"))
 
 
 def test_every_recorded_job_is_judged_and_its_fix_measured(corpus):
@@ -354,10 +358,12 @@ def test_allocator_thrash_is_named_where_retries_cost_steps_and_not_once_they_ar
 
 def test_a_loop_that_catches_an_oom_at_every_batch_is_stalled_and_says_so():
     """benchmarks/results/h100-alloc-steady-1206c: the allocator job kept at its pressure
-    (ALLOC_ON_OOM=skip: an OOM drops the batch and the loop goes on) made 11 steps, then every
-    batch failed: 301 OOMs in 49 s, the GPU 95% busy, no step. gputop says stalled, at the step's
-    line, and now why: the OOMs the loop caught (the probe's counter; before, the advice was about
-    collectives, locks and sleeps). The fixed job (expandable_segments) steps on, gpu_bound."""
+    (ALLOC_ON_OOM=skip) made 11 steps, then every batch failed: 301 OOMs in 49 s, the GPU 95% busy,
+    no step. (The job drew the failed batch's length again after each OOM, so once the longest
+    failed every try did: a livelock of the script's, found on 2026-12-07, that a loop retrying its
+    batch on OOM has too.) gputop says stalled, at the step's line, and why: the OOMs the loop
+    caught (the probe's counter; before, the advice was about collectives, locks and sleeps). The
+    fixed job (expandable_segments) steps on, gpu_bound."""
     from gputop.report import build_report
 
     run = ROOT / "benchmarks" / "results" / "h100-alloc-steady-1206c" / "corpus-issue30"
@@ -370,6 +376,32 @@ def test_a_loop_that_catches_an_oom_at_every_batch_is_stalled_and_says_so():
     fixed = build_report(str(run / "alloc_thrash_varlen-fixed.gtrec"))
     assert fixed["primary_verdict"]["id"] == "gpu_bound", fixed["primary_verdict"]
     assert "stalled" not in fixed["verdicts"], fixed["verdicts"].keys()
+
+
+def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_cause():
+    """benchmarks/results/h100-alloc-skip-1207 (an H100, 2026-12-07): the allocator job with a
+    failed batch dropped (ALLOC_ON_OOM=skip, the script's livelock fixed) at 5% and 10% margins
+    made 0.6 and 0.2 cudaMalloc retries a second and caught OOMs, its GPU 99% busy; its fix
+    (expandable_segments) gained +3.6% and +0.4% under gputop (+2.5% and +0.4% bare). gputop names
+    no allocator_thrash and no other cause on either variant (the fixes measured under 10%), and its
+    memory warning now carries the retries and OOMs the probe counted; the fixed jobs have none."""
+    from gputop.report import build_report
+
+    run = ROOT / "benchmarks" / "results" / "h100-alloc-skip-1207"
+    for margin in ("m0.05", "m0.1"):
+        folder = run / f"pair-b32-{margin}" / "corpus-issue30"
+        rates = {json.loads(line)["variant"]: json.loads(line)["steps_per_s"]
+                 for line in (folder / "results.jsonl").read_text().splitlines()}
+        assert rates["fixed"] / rates["as_is"] - 1 < 0.10, rates   # the ground truth: no cause worth 10%
+        rep = build_report(str(folder / "alloc_thrash_varlen-as_is.gtrec"))
+        assert rep["primary_verdict"]["id"] == "gpu_bound", rep["primary_verdict"]
+        assert "allocator_thrash" not in rep["verdicts"], rep["verdicts"].keys()
+        mem = rep["verdicts"]["gpu_memory_pressure"]
+        assert mem["evidence"]["alloc_retries_per_s"] > 0 and mem["evidence"]["ooms_in_window"] >= 1, mem
+        assert "cudaMalloc retries a second" in mem["summary"] and "out-of-memory error" in mem["summary"], mem
+        fixed = build_report(str(folder / "alloc_thrash_varlen-fixed.gtrec"))
+        assert fixed["primary_verdict"]["id"] == "gpu_bound", fixed["primary_verdict"]
+        assert "alloc_retries_per_s" not in fixed["verdicts"].get("gpu_memory_pressure", {}).get("evidence", {})
 
 
 def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):

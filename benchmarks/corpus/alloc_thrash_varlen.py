@@ -17,6 +17,7 @@ grow in place instead of being freed and allocated again.
 import sys, os; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E401,E702
 
 import random
+import time
 
 from common import Meter, parse, pick
 
@@ -105,16 +106,27 @@ rng = random.Random(0)
 meter = Meter(args.seconds, args.report_every)
 ooms = 0
 step = 0
+loop_t0 = last_snap = time.perf_counter()
+snap_ms: list[float] = []
+batch_no = 0   # the batches drawn: with skip, a failed batch is dropped and the next one comes
 while True:
     try:
         # a new length each step: batches grouped by length and served shortest first within
         # each group of 16 (length-grouped sampling), so most steps want blocks a little larger
         # than any the cache holds
-        train_step(max_len // 2 + (step % 16) * (max_len // 32) + rng.randrange(max_len // 32))
+        train_step(max_len // 2 + (batch_no % 16) * (max_len // 32) + rng.randrange(max_len // 32))
     except torch.OutOfMemoryError:
         ooms += 1   # a job at the edge sometimes fails outright: give it 1 GiB more and go on
         if skip_on_oom:
-            continue   # (ALLOC_ON_OOM=skip: drop the batch and go on, as fairseq's trainer does)
+            # ALLOC_ON_OOM=skip: drop the batch and go on to the next, as fairseq's trainer does.
+            # (Until 2026-12-07 the failed position was drawn again, the same longest length each
+            # time, so every batch after the first OOM failed: the livelock of the fourth session
+            # of 2026-12-06 was this script's, not the allocator's.) The clock is read here too, so
+            # a job whose every batch fails still ends.
+            batch_no += 1
+            if time.perf_counter() - (meter.t0 or loop_t0) >= meter.seconds:
+                break
+            continue
         if filler is not None:
             keep = filler.numel() - (1 << 30)
             filler = None   # (freed before the smaller one is taken: both would not fit)
@@ -122,6 +134,14 @@ while True:
             filler = torch.empty(keep, dtype=torch.uint8, device=device) if keep > 0 else None
         continue
     step += 1
+    batch_no += 1
+    if trace and time.perf_counter() - last_snap >= 2.0:
+        # what a probe reading the segment events every 2 s would cost the job: the whole snapshot
+        # (segments, blocks and the trace ring) is built on the calling thread, holding the GIL
+        t = time.perf_counter()
+        torch.cuda.memory._snapshot()
+        snap_ms.append((time.perf_counter() - t) * 1e3)
+        last_snap = time.perf_counter()
     if not meter.step():
         break
 retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if gpu else 0
@@ -140,6 +160,13 @@ if trace:
                 flushes.append((e.get("time_us", 0) - first_free) / 1e3)
             first_free = None
     flushes.sort()
+    if os.environ.get("ALLOC_TRACE_OUT"):   # the segment events, for replaying a flush's timing on a CPU
+        import json
+        with open(os.environ["ALLOC_TRACE_OUT"], "w") as f:
+            json.dump([{k: e.get(k) for k in ("action", "time_us", "size", "stream")} for e in events], f)
+    snap_ms.sort()
+    print(f"trace snapshots {len(snap_ms)} snapshot_ms_median {snap_ms[len(snap_ms) // 2] if snap_ms else 0:.2f} "
+          f"max {snap_ms[-1] if snap_ms else 0:.2f}", flush=True)
     print("trace keys", sorted(events[0]) if events else None, flush=True)
     span_s = (events[-1].get("time_us", 0) - events[0].get("time_us", 0)) / 1e6 if len(events) > 1 else 0.0
     print(f"trace events {len(events)} mallocs {mallocs} frees "
