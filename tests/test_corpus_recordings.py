@@ -384,7 +384,8 @@ def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_c
     made 0.6 and 0.2 cudaMalloc retries a second and caught OOMs, its GPU 99% busy; its fix
     (expandable_segments) gained +3.6% and +0.4% under gputop (+2.5% and +0.4% bare). gputop names
     no allocator_thrash and no other cause on either variant (the fixes measured under 10%), and its
-    memory warning now carries the retries and OOMs the probe counted; the fixed jobs have none."""
+    memory warning now carries the retries and OOMs the probe counted; the fixed jobs have no
+    warning left."""
     from gputop.report import build_report
 
     run = ROOT / "benchmarks" / "results" / "h100-alloc-skip-1207"
@@ -395,13 +396,18 @@ def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_c
         assert rates["fixed"] / rates["as_is"] - 1 < 0.10, rates   # the ground truth: no cause worth 10%
         rep = build_report(str(folder / "alloc_thrash_varlen-as_is.gtrec"))
         assert rep["primary_verdict"]["id"] == "gpu_bound", rep["primary_verdict"]
-        assert "allocator_thrash" not in rep["verdicts"], rep["verdicts"].keys()
+        assert set(rep["verdicts"]) == {"gpu_bound", "gpu_memory_pressure"}, rep["verdicts"].keys()
         mem = rep["verdicts"]["gpu_memory_pressure"]
-        assert mem["evidence"]["alloc_retries_per_s"] > 0 and mem["evidence"]["ooms_in_window"] >= 1, mem
-        assert "cudaMalloc retries a second" in mem["summary"] and "out-of-memory error" in mem["summary"], mem
+        assert mem["evidence"]["alloc_retries_per_s"] > 0 and mem["evidence"]["ooms_in_window"] > 0, mem
+        assert "cudaMalloc retries a second" in mem["summary"], mem
         fixed = build_report(str(folder / "alloc_thrash_varlen-fixed.gtrec"))
-        assert fixed["primary_verdict"]["id"] == "gpu_bound", fixed["primary_verdict"]
-        assert "alloc_retries_per_s" not in fixed["verdicts"].get("gpu_memory_pressure", {}).get("evidence", {})
+        assert set(fixed["verdicts"]) == {"gpu_bound"}, fixed["verdicts"].keys()
+    # where memory is nearly full and the probe counted no retry, the evidence says 0 and the
+    # summary says nothing of retries (the batch-8 job's fix: 97% used, launch-bound)
+    fixed8 = build_report(str(run / "pair-b8-m0.02" / "corpus-issue30" / "alloc_thrash_varlen-fixed.gtrec"))
+    mem = fixed8["verdicts"]["gpu_memory_pressure"]
+    assert mem["evidence"]["alloc_retries_per_s"] == 0 and mem["evidence"]["ooms_in_window"] == 0, mem
+    assert "retries" not in mem["summary"] and "out-of-memory" not in mem["summary"], mem
 
 
 def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tmp_path):

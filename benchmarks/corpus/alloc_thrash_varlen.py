@@ -117,15 +117,15 @@ while True:
         train_step(max_len // 2 + (batch_no % 16) * (max_len // 32) + rng.randrange(max_len // 32))
     except torch.OutOfMemoryError:
         ooms += 1   # a job at the edge sometimes fails outright: give it 1 GiB more and go on
+        # the clock is read here too, so a job whose every batch fails still ends
+        if time.perf_counter() - (meter.t0 or loop_t0) >= meter.seconds:
+            break
         if skip_on_oom:
             # ALLOC_ON_OOM=skip: drop the batch and go on to the next, as fairseq's trainer does.
             # (Until 2026-12-07 the failed position was drawn again, the same longest length each
             # time, so every batch after the first OOM failed: the livelock of the fourth session
-            # of 2026-12-06 was this script's, not the allocator's.) The clock is read here too, so
-            # a job whose every batch fails still ends.
+            # of 2026-12-06 was this script's, not the allocator's.)
             batch_no += 1
-            if time.perf_counter() - (meter.t0 or loop_t0) >= meter.seconds:
-                break
             continue
         if filler is not None:
             keep = filler.numel() - (1 << 30)
@@ -147,7 +147,8 @@ while True:
 retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if gpu else 0
 print(f"ooms {ooms} alloc_retries {retries} steps {step}", flush=True)
 if trace:
-    # a flush: a run of cudaFrees (release_cached_blocks) up to the cudaMalloc that follows it
+    # a flush: a run of cudaFrees (release_cached_blocks) up to the cudaMalloc that follows it; an
+    # OOM ends the run uncounted (the frees did not make room: what follows is the next batch)
     events = [e for e in torch.cuda.memory._snapshot()["device_traces"][0]
               if e["action"] in ("segment_free", "segment_alloc", "oom")]
     flushes, mallocs, first_free = [], 0, None
@@ -158,6 +159,8 @@ if trace:
             mallocs += 1
             if first_free is not None:
                 flushes.append((e.get("time_us", 0) - first_free) / 1e3)
+            first_free = None
+        else:   # an OOM
             first_free = None
     flushes.sort()
     if os.environ.get("ALLOC_TRACE_OUT"):   # the segment events, for replaying a flush's timing on a CPU

@@ -712,18 +712,22 @@ def gpu_memory_pressure(sig: Signals) -> Finding | None:
         return None
     # what the allocator did at this edge, where the probe counted it: its retries (each a flush of
     # the cache) and the out-of-memory errors the loop caught. A count, not a cost: on an H100 a job
-    # at 98% of memory made 0.6 retries a second and caught 6 OOMs in 20 s with its GPU 99.5% busy,
-    # and expandable_segments gained +2.5% (docs/verdicts.md); what they cost, where the GPU idles
-    # for them, is allocator_thrash's
+    # at 98% of memory made 12 retries and caught 5 OOMs in 20 s with its GPU 99.5% busy, and
+    # expandable_segments gained +2.5% (docs/verdicts.md); what they cost, where the GPU idles for
+    # them, is allocator_thrash's. Zeros are kept in the evidence, so its mean over the verdict's
+    # windows (the report's) covers the windows without a retry too.
     retries, ooms = sig.get("probe.alloc_retries_per_s"), sig.get("probe.ooms_in_window")
     evidence = {"gpu_mem_used_pct": _pct(used)}
     summary = f"GPU memory {used * 100:.0f}% used"
-    if retries:
+    if retries is not None:
         evidence["alloc_retries_per_s"] = _r(retries)
-        summary += f"; {retries:.1f} cudaMalloc retries a second"
-    if ooms:
+        if retries > 0:
+            summary += f"; {retries:.1f} cudaMalloc retries a second"
+    if ooms is not None:
         evidence["ooms_in_window"] = int(ooms)
-        summary += f"; {int(ooms)} out-of-memory error{'s' if int(ooms) != 1 else ''} caught in the window"
+        if ooms > 0:
+            summary += (f"; {int(ooms)} out-of-memory error{'s' if int(ooms) != 1 else ''} caught in the "
+                        f"last {sig.window_s:.0f} s")
     return gpu_memory_pressure.spec.finding(
         level=used / GPU_MEM_USED_FRAC, lost_share=0.0, confidence=0.8, evidence=evidence,
         advice="Close to out-of-memory: allocator retries and fragmentation slow steps. Use activation "
