@@ -497,11 +497,14 @@ def test_an_environment_read_mid_exec_is_read_again():
                     break
                 time.sleep(0.05)
             finder_named.append(bool(first or later) and (first or later)[0].data["rank"] == 1)
+            # once the exec is done, the environment reads whole (the read itself is not what is
+            # broken: whether the read right after Popen comes early is the race's, and on the
+            # idle CI box of 2026-12-07 all 30 of them did, so "some named at once" is not asked)
+            assert read_environ(proc.pid).get("RANK") == "1"
         finally:
             proc.kill()
             proc.wait()
-    assert outcomes["named"] > 0
-    assert all(finder_named), finder_named   # every one named, whether its first read was early or not
+    assert all(finder_named), (finder_named, outcomes)   # every one named, whether its first read was early or not
 
 
 def test_a_rank_that_exits_and_waits_to_be_reaped_ends_as_exited():
