@@ -384,8 +384,8 @@ def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_c
     made 0.6 and 0.2 cudaMalloc retries a second and caught OOMs, its GPU 99% busy; its fix
     (expandable_segments) gained +3.6% and +0.4% under gputop (+2.5% and +0.4% bare). gputop names
     no allocator_thrash and no other cause on either variant (the fixes measured under 10%), and its
-    memory warning now carries the retries and OOMs the probe counted; the fixed jobs have no
-    warning left."""
+    memory warning now carries the retries and OOMs the probe counted, and the share of the steps
+    tried that an OOM threw away; the fixed jobs have no warning left."""
     from gputop.report import build_report
 
     run = ROOT / "benchmarks" / "results" / "h100-alloc-skip-1207"
@@ -400,6 +400,12 @@ def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_c
         mem = rep["verdicts"]["gpu_memory_pressure"]
         assert mem["evidence"]["alloc_retries_per_s"] > 0 and mem["evidence"]["ooms_in_window"] > 0, mem
         assert "cudaMalloc retries a second" in mem["summary"], mem
+        # the steps thrown away: 6 and 2 OOMs beside 55 and 56 steps (the job's own count), 10% and
+        # 3% of the steps tried over the run; the evidence is the mean over the warning's windows
+        log = (folder / "alloc_thrash_varlen-as_is.log").read_text().splitlines()
+        tried = {line.split()[0]: int(line.split()[1]) for line in log if line.startswith(("ooms", "done"))}
+        truth = 100 * tried["ooms"] / (tried["ooms"] + tried["done"])
+        assert abs(mem["evidence"]["oom_steps_pct"] - truth) < 5, (mem["evidence"], truth)
         fixed = build_report(str(folder / "alloc_thrash_varlen-fixed.gtrec"))
         assert set(fixed["verdicts"]) == {"gpu_bound"}, fixed["verdicts"].keys()
     # where memory is nearly full and the probe counted no retry, the evidence says 0 and the
@@ -407,6 +413,7 @@ def test_allocator_retries_on_a_busy_gpu_are_a_warning_with_their_counts_not_a_c
     fixed8 = build_report(str(run / "pair-b8-m0.02" / "corpus-issue30" / "alloc_thrash_varlen-fixed.gtrec"))
     mem = fixed8["verdicts"]["gpu_memory_pressure"]
     assert mem["evidence"]["alloc_retries_per_s"] == 0 and mem["evidence"]["ooms_in_window"] == 0, mem
+    assert mem["evidence"]["oom_steps_pct"] == 0, mem
     assert "retries" not in mem["summary"] and "out-of-memory" not in mem["summary"], mem
 
 

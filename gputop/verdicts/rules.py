@@ -725,9 +725,14 @@ def gpu_memory_pressure(sig: Signals) -> Finding | None:
             summary += f"; {retries:.1f} cudaMalloc retries a second"
     if ooms is not None:
         evidence["ooms_in_window"] = int(ooms)
+        thrown = sig.get("probe.oom_share_of_tries")
+        if thrown is not None:
+            evidence["oom_steps_pct"] = _pct(thrown)
         if ooms > 0:
             summary += (f"; {int(ooms)} out-of-memory error{'s' if int(ooms) != 1 else ''} caught in the "
                         f"last {sig.window_s:.0f} s")
+            if thrown is not None:
+                summary += f" ({thrown * 100:.0f}% of the steps tried, their work thrown away)"
     return gpu_memory_pressure.spec.finding(
         level=used / GPU_MEM_USED_FRAC, lost_share=0.0, confidence=0.8, evidence=evidence,
         advice="Close to out-of-memory: allocator retries and fragmentation slow steps. Use activation "
