@@ -53,3 +53,29 @@ def test_cuda_malloc_and_free_calls_become_rates_per_step_in_the_evidence():
     for mallocs in ([None] * 6, [160, 148, 136, 124, 112, 100]):
         sig = build_signals(_store([0, 10, 20, 30, 40, 50], mallocs), 5.5)
         assert sig.get("probe.cuda_mallocs_per_step") is None and sig.get("probe.alloc_retries_per_step") == 2.5
+
+
+def test_a_cache_rebuilt_every_step_without_a_retry_is_thrash_that_names_empty_cache():
+    """torch.cuda.empty_cache() in the loop: no retry, but the allocator gives its segments back
+    and cudaMallocs them again every step (10 a step here). With the GPU idle 22% of the time in
+    host code and syncs, that is allocator_thrash, and its advice is to remove the call; the same
+    idle with a cache built once (no calls after warm-up) is not the allocator's."""
+    def judged(mallocs, retries=(0, 0, 0, 0, 0, 0)):
+        sig = build_signals(_store(list(retries), mallocs), 5.5)
+        sig.set("budget.cpu", 0.18)
+        sig.set("budget.sync", 0.04)
+        return allocator_thrash(sig)
+
+    f = judged([100, 140, 180, 220, 260, 300])
+    assert f.level >= 1.0 and abs(f.lost_share - 0.22) < 1e-9, (f.level, f.lost_share)
+    assert "10 cudaFree and 10 cudaMalloc calls a step" in f.summary and "empty_cache()" in f.summary, f.summary
+    assert "Remove it from the step" in f.advice and "expandable_segments" in f.advice
+    assert f.evidence["cuda_frees_per_step"] == 10.0 and f.evidence["alloc_retries_per_s"] == 0.0
+    # a steady cache: the same idle is not the allocator's
+    assert judged([300] * 6).level == 0.0
+    # under 1 call a step (a segment now and then as the cache grows): not rebuilt
+    assert judged([300, 302, 304, 306, 308, 310]).level == 0.0
+    # retries behind the churn: the retries' words and advice
+    f = judged([100, 140, 180, 220, 260, 300], retries=(0, 4, 8, 12, 16, 20))
+    assert f.level >= 1.0 and "4.0 cudaMalloc retries a second" in f.summary, f.summary
+    assert "Remove it from the step" not in f.advice

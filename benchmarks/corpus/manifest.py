@@ -172,6 +172,14 @@ ISSUE30: tuple[Job, ...] = (
     Job("alloc_thrash_varlen", "plain", "allocator_thrash",
         "a transformer at the edge of GPU memory (~3% headroom) fed a new sequence length every step",
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    # written in the fourth session of 2026-12-07, after retries near full memory were measured to cost a few
+    # percent at most: the same churn by the user's own hand, without a retry
+    Job("nanogpt_empty_cache", "nanogpt", "allocator_thrash",
+        "nanoGPT-style loop (GPT-2 small, batch 16 x 1024) calling torch.cuda.empty_cache() after every step",
+        "no empty_cache() in the loop"),
+    Job("trainer_empty_cache_steps", "trainer", "allocator_thrash",
+        "HF Trainer on a GPT-2 small (8 x 1024) with torch_empty_cache_steps=1: empty_cache() inside every step",
+        "torch_empty_cache_steps=None"),
 )
 
 SETS = {"corpus": JOBS, "issue30": ISSUE30}

@@ -505,9 +505,12 @@ class TorchHooks(SyncCapture):
                 "allocated": s.get("allocated_bytes.all.current"), "reserved": s.get("reserved_bytes.all.current"),
                 "peak_allocated": s.get("allocated_bytes.all.peak"), "peak_reserved": s.get("reserved_bytes.all.peak"),
                 "alloc_retries": s.get("num_alloc_retries"), "ooms": s.get("num_ooms"),
-                # cudaMalloc/cudaFree calls (where torch counts them: 2.13, not 2.11; cuMemMap/Unmap when expandable):
-                # a steady job makes none once its cache is built; a thrashing one, some every step
-                "device_allocs": s.get("num_device_alloc"), "device_frees": s.get("num_device_free")}
+                # cudaMalloc/cudaFree calls: a steady job makes none once its cache is built; a thrashing one
+                # (retries, or torch.cuda.empty_cache() in the loop), some every step. torch 2.13 counts the calls
+                # (cuMemMap/Unmap too, with expandable segments); before it, the segments created and freed
+                # are the same count without expandable segments
+                "device_allocs": _first_int(s, "num_device_alloc", "segment.all.allocated"),
+                "device_frees": _first_int(s, "num_device_free", "segment.all.freed")}
 
     def config(self) -> dict:
         torch, env = self.torch, os.environ
@@ -561,3 +564,12 @@ def _safe(fn):
         return fn()
     except Exception:
         return None
+
+
+def _first_int(stats: dict, *keys: str) -> int | None:
+    """The first of ``keys`` that ``stats`` holds as an int (torch's counters differ by version)."""
+    for k in keys:
+        v = stats.get(k)
+        if type(v) is int:
+            return v
+    return None

@@ -60,6 +60,8 @@ CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable bu
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 ALLOC_RETRIES_PER_STEP = 0.25     # CUDA allocator retries (a cache flush and a device sync each) per step ...
 ALLOC_RETRIES_PER_S = 0.5         # ... and per second (a job of few long steps)
+ALLOC_FREES_PER_STEP = 1.0        # ... or the allocator gives back (cudaFree) this many segments a step and makes as many
+                                  # again: its cache is rebuilt every step (torch.cuda.empty_cache() in the loop)
 ALLOC_THRASH_SHARE = 0.10         # ... while the GPU idles this share of the time in host code and syncs
 OFFLOAD_CPU_PARAMS = 0.5          # share of the optimizer's parameter elements on the CPU, the model on a GPU
 OFFLOAD_SHARE = 0.10              # ... and the GPU idle this share of the time while the loop copies or computes on the CPU
@@ -443,8 +445,9 @@ def optimizer_offload(sig: Signals) -> Finding | None:
 
 
 @verdict(title="Allocator thrash: CUDA memory is freed and allocated again, step after step", severity=SEVERITY_WARNING,
-         order=27, meaning=">= {ALLOC_RETRIES_PER_STEP} cudaMalloc retries a step (each flushes the cache); "
-                           "GPU idle >= {ALLOC_THRASH_SHARE:.0%}")
+         order=27, meaning=">= {ALLOC_RETRIES_PER_STEP} cudaMalloc retries a step (each flushes the cache), or "
+                           ">= {ALLOC_FREES_PER_STEP:g} cudaFree and cudaMalloc calls a step (the cache rebuilt every "
+                           "step: empty_cache() in the loop); GPU idle >= {ALLOC_THRASH_SHARE:.0%}")
 def allocator_thrash(sig: Signals) -> Finding | None:
     rate, per_step = sig.get("probe.alloc_retries_per_s"), sig.get("probe.alloc_retries_per_step")
     if rate is None:
@@ -455,26 +458,40 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     # flush's synchronize) is what it costs: the budget's cpu + sync shares
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
     lost = _host_side_idle(sig)
-    often = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
-    level = _gate(lost / ALLOC_THRASH_SHARE, often)
+    retrying = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
+    # The same churn without a retry: segments given back and made again every step. A steady job makes
+    # none once its cache is built; torch.cuda.empty_cache() in the loop gives the whole cache back each
+    # time (a device sync, a cudaFree per segment), and the next step cudaMallocs it again
+    mallocs, frees = sig.get("probe.cuda_mallocs_per_step"), sig.get("probe.cuda_frees_per_step")
+    rebuilt = (mallocs is not None and frees is not None
+               and min(mallocs, frees) >= ALLOC_FREES_PER_STEP)
+    level = _gate(lost / ALLOC_THRASH_SHARE, retrying or rebuilt)
     alloc = sig.facts.get("allocator") or {}
     used = sig.get("gpu.mem_used_frac")
+    idle = f"; the GPU idles {lost * 100:.0f}% of the time in host code and syncs"
+    if not rebuilt or rate > 0:   # (a retry frees the cache too: then the retries are the churn's cause)
+        advice = ("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
+                  "sync) and allocates again, step after step. Let its blocks grow in place "
+                  "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), keep shapes fixed (pad or bucket sequence "
+                  "lengths), or lower the micro-batch (with gradient accumulation) to leave memory headroom.")
+        summary = (f"{rate:.1f} cudaMalloc retries a second" + (f" ({per_step:.2f} a step)" if per_step is not None else "")
+                   + (f", GPU memory {used * 100:.0f}% used" if used is not None else "") + idle)
+    else:
+        advice = ("The allocator's cache is given back and built again every step with no retry behind it: "
+                  "torch.cuda.empty_cache() called in the loop does that (a device sync and a cudaFree per cached "
+                  "segment, then a cudaMalloc for each again in the next step). Remove it from the step; it frees no "
+                  "memory the job will not take back at once. For fragmentation out-of-memory errors use "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead.")
+        summary = (f"{frees:.0f} cudaFree and {mallocs:.0f} cudaMalloc calls a step: the CUDA cache is rebuilt every "
+                   f"step with no retry behind it (torch.cuda.empty_cache() in the loop?)" + idle)
     return allocator_thrash.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.75, _missing(sig, "stacks", "budget")),
         evidence={"alloc_retries_per_s": _r(rate), "alloc_retries_per_step": _r(per_step),
-                  "cuda_mallocs_per_step": _r(sig.get("probe.cuda_mallocs_per_step")),
-                  "cuda_frees_per_step": _r(sig.get("probe.cuda_frees_per_step")),
+                  "cuda_mallocs_per_step": _r(mallocs), "cuda_frees_per_step": _r(frees),
                   "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
                   "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
                   "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu)},
-        advice=("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
-                "sync) and allocates again, step after step. Let its blocks grow in place "
-                "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), keep shapes fixed (pad or bucket sequence "
-                "lengths), or lower the micro-batch (with gradient accumulation) to leave memory headroom."),
-        summary=(f"{rate:.1f} cudaMalloc retries a second" + (f" ({per_step:.2f} a step)" if per_step is not None else "")
-                 + (f", GPU memory {used * 100:.0f}% used" if used is not None else "")
-                 + f"; the GPU idles {lost * 100:.0f}% of the time in host code and syncs"),
-        missing=_missing(sig, "stacks", "budget"))
+        advice=advice, summary=summary, missing=_missing(sig, "stacks", "budget"))
 
 
 @verdict(title="Launch-bound: Python and kernel-launch overhead", severity=SEVERITY_WARNING, order=60,
