@@ -292,6 +292,7 @@ class _PerThreadCuda:
     def __init__(self, contexts):
         self.tls = threading.local()
         self.contexts = set(contexts)
+        self.stats: dict = {}   # more of memory_stats' counters
         self.calls: list[tuple[str, int, object]] = []
         gpu = self
 
@@ -314,7 +315,7 @@ class _PerThreadCuda:
             def memory_stats(d=None):
                 d = cuda.current_device() if d is None else d
                 gpu.calls.append(("memory_stats", threading.get_ident(), d))
-                return {"allocated_bytes.all.current": 1000 + d}
+                return {"allocated_bytes.all.current": 1000 + d, **gpu.stats}
 
             @staticmethod
             def get_device_name(d=None):
@@ -412,3 +413,62 @@ def test_the_probe_creates_no_context_on_a_device_the_job_has_none_on():
         assert not p.cuda_events_on and "has no CUDA context" in p.hooks["cuda_events"][1]
     finally:
         probe_thread.shutdown()
+
+
+def test_the_allocators_calls_reach_gputop_from_the_counters_each_torch_has(tmp_path):
+    """cudaMalloc/cudaFree calls (allocator_thrash's evidence that the cache is rebuilt every step):
+    torch 2.13 counts them (num_device_alloc/num_device_free), torch 2.11 (the GPU machine's) has
+    only the segments created and freed, the same count without expandable segments. The probe
+    sends whichever there is, and gputop's client forwards every allocator field the probe sends:
+    a hand list there once dropped these two, so no recording had them."""
+    from concurrent.futures import ThreadPoolExecutor
+    gpu = _PerThreadCuda(contexts={0})
+    gpu.tls.device = 0
+    p, h = _hooks_on(gpu)
+    probe_thread = ThreadPoolExecutor(max_workers=1)
+    on_probe = lambda fn: probe_thread.submit(fn).result()   # noqa: E731
+    try:
+        on_probe(lambda: h.manage(p))   # (the device is learnt at the next step, as in the test above)
+        p.on_marker_step()
+        on_probe(lambda: h.manage(p))
+        gpu.stats = {"segment.all.allocated": 41, "segment.all.freed": 38, "num_alloc_retries": 0, "num_ooms": 0}
+        old = on_probe(h.memory)
+        assert (old["device_allocs"], old["device_frees"]) == (41, 38), old
+        gpu.stats.update(num_device_alloc=50, num_device_free=47)
+        mem = on_probe(h.memory)
+        assert (mem["device_allocs"], mem["device_frees"]) == (50, 47), mem
+    finally:
+        probe_thread.shutdown()
+
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    d = tmp_path / "sock"
+    d.mkdir(mode=0o700)
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(d / f"{target.pid}.sock"))
+    os.chmod(d / f"{target.pid}.sock", 0o600)
+    srv.listen(1)
+
+    def serve():   # a probe's side of the wire: its hello, then that memory message
+        conn, _ = srv.accept()
+        hello = {"type": wire.MSG_HELLO, "v": 1, "mono": time.monotonic(), "pid": target.pid, "argv": ["job"]}
+        conn.sendall((json.dumps(hello) + "\n" + json.dumps({**mem, "mono": time.monotonic()}) + "\n").encode())
+        time.sleep(5)
+        conn.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    got: list = []
+    src = ProbeClientSource(SessionClock(), Target(target.pid), probe_dirs=[str(d)], scan_interval_s=0.2)
+    try:
+        src.start(got.append)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not [s for s in got if s.kind == "probe_memory"]:
+            time.sleep(0.05)
+    finally:
+        src.stop()
+        target.kill()
+        target.wait()
+        srv.close()
+    sample = next(s for s in got if s.kind == "probe_memory")
+    sent = {k: v for k, v in mem.items() if k not in ("type", "mono", "device")}
+    assert {k: sample.data.get(k) for k in sent} == sent, (sample.data, sent)

@@ -180,6 +180,11 @@ ISSUE30: tuple[Job, ...] = (
     Job("trainer_empty_cache_steps", "trainer", "allocator_thrash",
         "HF Trainer on a GPT-2 small (8 x 1024) with torch_empty_cache_steps=1: empty_cache() inside every step",
         "torch_empty_cache_steps=None"),
+    # written after the two above were run and the rule's cost was set from the nanoGPT pair, before
+    # this one ran: the unseen check of that cost
+    Job("tv_resnet_empty_cache", "torchvision", "allocator_thrash",
+        "torchvision ResNet-50 (batch 128, bf16, channels_last) with torch.cuda.empty_cache() after every step",
+        "no empty_cache() in the loop"),
 )
 
 SETS = {"corpus": JOBS, "issue30": ISSUE30}

@@ -47,6 +47,7 @@ from gputop.sources import ranks as _ranks
 from gputop.sources.base import HEALTH_EVERY_S, Heartbeat, ThreadedSource
 from gputop.sources.probe_limits import (DROPS_RECENT_S, MAX_LAG_S, MAX_MESSAGE_BYTES, MESSAGE_BURST, MESSAGES_PER_S,
                                          READ_BURST_BYTES, READ_BYTES_PER_S, SAMPLE_BURST, SAMPLES_PER_S, Bucket, Drops)
+from gputop.sources.probe_fields import MEMORY_FIELDS
 from gputop.sources.probe_messages import MAX_STR, _clean, _int, _num, _str, step_data
 
 PROBE_KINDS = (KIND_PROBE_STEP, KIND_PROBE_CONFIG, KIND_PROBE_MEMORY, KIND_PROBE_SYNC)
@@ -443,7 +444,7 @@ class ProbeClientSource(ThreadedSource):
                                      "world_size": _int(cfg.get("world_size"))})
         elif typ == wire.MSG_MEMORY:
             data = {"rank": c.rank, "device": _int(msg.get("device"))}
-            for k in ("allocated", "reserved", "peak_allocated", "peak_reserved", "alloc_retries", "ooms"):
+            for k in MEMORY_FIELDS:   # (device_allocs/device_frees were left out by a hand list here once)
                 data[k] = _int(msg.get(k))
             self._publish_at(c, KIND_PROBE_MEMORY, data, mono)
         elif typ == wire.MSG_SYNCS:

@@ -155,3 +155,7 @@ METRICS: list[MetricSpec] = [
           "probe_implicit_syncs",
           "Implicit host-device synchronisations since the probe loaded (torch's sync debug mode).", counter=True),
 ]
+
+# The allocator fields a probe_memory sample carries: the client forwards each of these, the specs
+# above say what each is (a field added to the probe is declared once, here)
+MEMORY_FIELDS = tuple(m.field for m in METRICS if m.kind == KIND_PROBE_MEMORY)

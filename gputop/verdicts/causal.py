@@ -85,13 +85,25 @@ def gpu_busy(sig: Signals) -> float | None:
 # (an H100: ResNet-50 at batch 1, 0.82-0.86 ms of kernels a step, its graph 0.92-0.93 ms; util.gpu
 # read 1.4-1.6 times the kernels' time on such loops)
 KERNEL_TIMED = ("launch_bound",)
+# causes whose cost util.gpu counts as busy: the driver's own work on the GPU (gpu.driver_only, util.gpu
+# over GPM's engine activity with PCIe quiet). The allocator's cudaFree/cudaMalloc of its segments is
+# that work: a nanoGPT loop with empty_cache() every step read util.gpu 98%, GR active 72% (H100, +42%
+# by its fix)
+DRIVER_TIMED = ("allocator_thrash",)
+
+
 def busy_for(vid: str, sig: Signals) -> float | None:
     """The GPU busy share a cause is judged against (its idle cap, and the BUSY_GATE): the
-    kernels' share of the step where the probe traced them, for ``KERNEL_TIMED`` causes; else the
-    window's (``gpu_busy``). One home: the gate's note and the evidence say the same figure."""
+    kernels' share of the step where the probe traced them, for ``KERNEL_TIMED`` causes; the
+    window's less the driver's own work, for ``DRIVER_TIMED`` ones; else the window's
+    (``gpu_busy``). One home: the gate's note and the evidence say the same figure."""
     if vid in KERNEL_TIMED and sig.get("probe.kernel_busy") is not None:
         return sig.get("probe.kernel_busy")
-    return gpu_busy(sig)
+    busy = gpu_busy(sig)
+    driver = sig.get("gpu.driver_only") if vid in DRIVER_TIMED else None
+    if busy is not None and driver:
+        return max(0.0, busy - driver)
+    return busy
 
 
 # causes whose cost the probe times on the GPU itself (its signal), over the budget's estimate
@@ -125,10 +137,11 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
         # gain (tv_resnet_workers0: the budget's 86% predicted 7.2x, the probe's 84% 6.3x, the
         # fix measured 6.1x)
         loss = probe_idle
-    kernel_busy = busy_for(vid, sig) if vid in KERNEL_TIMED else None
-    if kernel_busy is not None:
-        # the kernels' own time, from the probe's trace: util.gpu counts their launch time too
-        idle = 1.0 - kernel_busy
+    own_busy = busy_for(vid, sig) if vid in KERNEL_TIMED + DRIVER_TIMED else None
+    if own_busy is not None:
+        # the kernels' own time, from the probe's trace (util.gpu counts their launch time too), or
+        # the GPU's busy time less the driver's own work (util.gpu counts it busy: DRIVER_TIMED)
+        idle = 1.0 - own_busy
     if idle is not None and vid in COPIES_GO:
         idle = min(1.0, idle + (sig.get("gpu.copy_only") or 0.0))
     if idle is not None and (cat is not None or vid in CAPPED_BY_IDLE):

@@ -452,12 +452,17 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     rate, per_step = sig.get("probe.alloc_retries_per_s"), sig.get("probe.alloc_retries_per_step")
     if rate is None:
         return None
-    # a retry's cost is not timed (the allocator keeps no clock): while retries come this often the
-    # allocator refills its cache every few steps, and the GPU's idle time while the loop ran host
-    # code (cudaMalloc, cudaFree under the Python frame that allocated) or waited on the GPU (the
-    # flush's synchronize) is what it costs: the budget's cpu + sync shares
+    # The allocator keeps no clock. Its cudaFree and cudaMalloc of whole segments are the driver's
+    # work on the GPU: util.gpu counts it busy while no engine runs a kernel (gpu.driver_only, with
+    # GPM): on an H100, nanoGPT with empty_cache() every step read util.gpu 98%, GR active 72%, and
+    # its fix gained +42%. That gap is the cost where GPM reads (a lower bound: the GPU's refill
+    # after each flush is left out); the budget's host-side idle (cpu + sync shares: the loop's
+    # host code, cudaMalloc under the frame that allocated, the flush's synchronize) would count
+    # the loop's own host time too (a Trainer with empty_cache() inside its step: 11% host-side,
+    # 9% fixed, +7% by the fix) and is the cost only without GPM, an upper bound
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
-    lost = _host_side_idle(sig)
+    driver = sig.get("gpu.driver_only")
+    lost = driver if driver is not None else _host_side_idle(sig)
     retrying = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
     # The same churn without a retry: segments given back and made again every step. A steady job makes
     # none once its cache is built; torch.cuda.empty_cache() in the loop gives the whole cache back each
@@ -468,7 +473,12 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     level = _gate(lost / ALLOC_THRASH_SHARE, retrying or rebuilt)
     alloc = sig.facts.get("allocator") or {}
     used = sig.get("gpu.mem_used_frac")
-    idle = f"; the GPU idles {lost * 100:.0f}% of the time in host code and syncs"
+    if driver is not None:
+        util, gr = sig.get("gpu.util_gpu"), sig.get("gpu.gr_active")
+        idle = (f"; util.gpu {util:.0f}% busy, the GPU's engines {gr:.0f}%: the driver freeing and mapping memory "
+                f"{lost * 100:.0f}% of the time")
+    else:
+        idle = f"; the GPU idles {lost * 100:.0f}% of the time in host code and syncs"
     if not rebuilt or rate > 0:   # (a retry frees the cache too: then the retries are the churn's cause)
         advice = ("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
                   "sync) and allocates again, step after step. Let its blocks grow in place "
@@ -490,7 +500,7 @@ def allocator_thrash(sig: Signals) -> Finding | None:
                   "cuda_mallocs_per_step": _r(mallocs), "cuda_frees_per_step": _r(frees),
                   "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
                   "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
-                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu)},
+                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "driver_only_pct": _pct(driver)},
         advice=advice, summary=summary, missing=_missing(sig, "stacks", "budget"))
 
 

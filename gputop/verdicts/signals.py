@@ -126,6 +126,7 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
                  "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_ratio", "power_cap_share", "thermal_share"):
         sig.set(f"gpu.{name}", _mean(r[name] for r in per_gpu.values()))
     sig.set("gpu.copy_only", _copy_only(sig))
+    sig.set("gpu.driver_only", _driver_only(sig))
     sig.set("gpu.mem_used_frac", max((r["mem_used_frac"] for r in per_gpu.values() if r["mem_used_frac"] is not None), default=None))
     _sharing_signals(store, since, keys, sig)
     if sig.get("gpu.sm_active") is not None:
@@ -149,6 +150,28 @@ def _copy_only(sig: Signals) -> float | None:
         return None
     pcie = (sig.get("gpu.pcie_rx_mibs") or 0.0) + (sig.get("gpu.pcie_tx_mibs") or 0.0)
     return max(0.0, util - gr) / 100.0 if pcie >= COPYING_PCIE_MIBS else 0.0
+
+
+# util.gpu over GPM's graphics/compute engine, in points, under which the two means agree (their samples
+# drift apart by several points on a periodic job: _copy_only)
+ENGINES_GAP_NOISE_PCT = 5.0
+
+
+def _driver_only(sig: Signals) -> float | None:
+    """The share of the window util.gpu counted busy while GPM's graphics/compute engine was not and
+    PCIe was quiet (no copy to explain it): the driver's own work on the GPU. Allocator churn shows
+    it: on an H100 a nanoGPT loop calling torch.cuda.empty_cache() every step read util.gpu 98% and
+    GR active 72% (fixed: 96% and 95%; its fix +42%): each step's cudaFree of every cached segment
+    and cudaMalloc again keep util.gpu busy with no kernel running. 0 within
+    ``ENGINES_GAP_NOISE_PCT``; None without GPM or while copying (that gap is the copies')."""
+    util, gr = sig.get("gpu.util_gpu"), sig.get("gpu.gr_active")
+    if util is None or gr is None:
+        return None
+    pcie = (sig.get("gpu.pcie_rx_mibs") or 0.0) + (sig.get("gpu.pcie_tx_mibs") or 0.0)
+    if pcie >= COPYING_PCIE_MIBS:
+        return None
+    gap = util - gr
+    return gap / 100.0 if gap >= ENGINES_GAP_NOISE_PCT else 0.0
 
 
 def _sm_sum(procs, skip: set[str] = frozenset()) -> float | None:
