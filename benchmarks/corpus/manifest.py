@@ -185,6 +185,14 @@ ISSUE30: tuple[Job, ...] = (
     Job("tv_resnet_empty_cache", "torchvision", "allocator_thrash",
         "torchvision ResNet-50 (batch 128, bf16, channels_last) with torch.cuda.empty_cache() after every step",
         "no empty_cache() in the loop"),
+    # written after tv_resnet_empty_cache missed (host_bound +36% against +80%) and the cost became the host-side
+    # idle plus the driver's work with a rebuild at >= 10 segments a step, before they ran: the second unseen check
+    Job("lightning_empty_cache_callback", "lightning", "allocator_thrash",
+        "Lightning transformer classifier with a callback calling torch.cuda.empty_cache() after every batch",
+        "no cleanup callback"),
+    Job("timm_vit_empty_cache", "timm", "allocator_thrash",
+        "timm ViT-S/16 at batch 128 (bf16, AdamW) with torch.cuda.empty_cache() after every step",
+        "no empty_cache() in the loop"),
 )
 
 SETS = {"corpus": JOBS, "issue30": ISSUE30}
