@@ -129,10 +129,12 @@ METRICS: list[MetricSpec] = [
     _memory("ooms", "", "OOMs", "CUDA out-of-memory errors the allocator raised", "probe_cuda_ooms",
             "CUDA out-of-memory errors the allocator raised.", counter=True),
     _memory("device_allocs", "", "cudaMallocs", "cudaMalloc calls the caching allocator made (cuMemMap with "
-            "expandable segments); none in a steady job once its cache is built", "probe_cuda_device_allocs",
+            "expandable segments; before torch 2.13, the segments it created); none in a steady job once its cache "
+            "is built", "probe_cuda_device_allocs",
             "cudaMalloc calls the CUDA caching allocator made.", counter=True),
     _memory("device_frees", "", "cudaFrees", "cudaFree calls the caching allocator made (cuMemUnmap with "
-            "expandable segments): a retry or empty_cache() frees its cached segments", "probe_cuda_device_frees",
+            "expandable segments; before torch 2.13, the segments it freed): a retry or empty_cache() frees its "
+            "cached segments", "probe_cuda_device_frees",
             "cudaFree calls the CUDA caching allocator made.", counter=True),
     # Collectives of DDP / FSDP / explicit torch.distributed calls (gputop/probe/collectives.py).
     _step("collective_ms", "ms", "collectives", "time per step in collectives: the union of each op's issue-to-completion span",

@@ -17,7 +17,7 @@ from gputop.derive.steps import copies_text
 from gputop.sources.probe_fields import COPY_WAYS
 from gputop.verdicts.finding import SEVERITY_CRITICAL, SEVERITY_INFO, SEVERITY_WARNING, Finding, pct, rounded
 from gputop.verdicts.registry import specs, verdict
-from gputop.verdicts.signals import Signals
+from gputop.verdicts.signals import ALLOC_FREES_PER_STEP, Signals, cache_rebuilt  # noqa: F401  (allocator_thrash's meaning reads it)
 from gputop.verdicts.workers import WORKERS_CPU_STARVED, input_advice, loader_config, worker_state
 
 # -- thresholds (docs/verdicts.md explains each) -------------------------------------------------
@@ -60,9 +60,6 @@ CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable bu
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 ALLOC_RETRIES_PER_STEP = 0.25     # CUDA allocator retries (a cache flush and a device sync each) per step ...
 ALLOC_RETRIES_PER_S = 0.5         # ... and per second (a job of few long steps)
-ALLOC_FREES_PER_STEP = 10.0       # ... or the allocator gives back (cudaFree) this many segments a step and makes as many
-                                  # again: its cache is rebuilt every step (torch.cuda.empty_cache() in the loop: 51 and
-                                  # 96 a step on a nanoGPT and a ResNet-50; a Trainer calling it mid-step freed 1.5, +6%)
 ALLOC_THRASH_SHARE = 0.10         # ... while the GPU idles this share of the time in host code and syncs
 OFFLOAD_CPU_PARAMS = 0.5          # share of the optimizer's parameter elements on the CPU, the model on a GPU
 OFFLOAD_SHARE = 0.10              # ... and the GPU idle this share of the time while the loop copies or computes on the CPU
@@ -446,9 +443,8 @@ def optimizer_offload(sig: Signals) -> Finding | None:
 
 
 @verdict(title="Allocator thrash: CUDA memory is freed and allocated again, step after step", severity=SEVERITY_WARNING,
-         order=27, meaning=">= {ALLOC_RETRIES_PER_STEP} cudaMalloc retries a step (each flushes the cache), or "
-                           ">= {ALLOC_FREES_PER_STEP:g} cudaFree and cudaMalloc calls a step (the cache rebuilt every "
-                           "step: empty_cache() in the loop); GPU idle >= {ALLOC_THRASH_SHARE:.0%}")
+         order=27, meaning=">= {ALLOC_RETRIES_PER_STEP} cudaMalloc retries or >= {ALLOC_FREES_PER_STEP:g} "
+                           "cudaFree+cudaMalloc a step; GPU lost >= {ALLOC_THRASH_SHARE:.0%}")
 def allocator_thrash(sig: Signals) -> Finding | None:
     rate, per_step = sig.get("probe.alloc_retries_per_s"), sig.get("probe.alloc_retries_per_step")
     if rate is None:
@@ -468,8 +464,7 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     # none once its cache is built; torch.cuda.empty_cache() in the loop gives the whole cache back each
     # time (a device sync, a cudaFree per segment), and the next step cudaMallocs it again
     mallocs, frees = sig.get("probe.cuda_mallocs_per_step"), sig.get("probe.cuda_frees_per_step")
-    rebuilt = (mallocs is not None and frees is not None
-               and min(mallocs, frees) >= ALLOC_FREES_PER_STEP)
+    rebuilt = cache_rebuilt(sig)
     level = _gate(lost / ALLOC_THRASH_SHARE, retrying or rebuilt)
     alloc = sig.facts.get("allocator") or {}
     used = sig.get("gpu.mem_used_frac")

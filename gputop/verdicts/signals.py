@@ -126,7 +126,6 @@ def _gpu_signals(store, since: float, sig: Signals, only: list[str] | None = Non
                  "nvlink_rx_mibs", "nvlink_tx_mibs", "power_w", "clock_ratio", "power_cap_share", "thermal_share"):
         sig.set(f"gpu.{name}", _mean(r[name] for r in per_gpu.values()))
     sig.set("gpu.copy_only", _copy_only(sig))
-    sig.set("gpu.driver_only", _driver_only(sig))
     sig.set("gpu.mem_used_frac", max((r["mem_used_frac"] for r in per_gpu.values() if r["mem_used_frac"] is not None), default=None))
     _sharing_signals(store, since, keys, sig)
     if sig.get("gpu.sm_active") is not None:
@@ -155,17 +154,31 @@ def _copy_only(sig: Signals) -> float | None:
 # util.gpu over GPM's graphics/compute engine, in points, under which the two means agree (their samples
 # drift apart by several points on a periodic job: _copy_only)
 ENGINES_GAP_NOISE_PCT = 5.0
+# cudaFree and cudaMalloc calls a step (each) from which the CUDA cache is rebuilt every step
+# (torch.cuda.empty_cache() in the loop: 46-109 a step on four H100 jobs; a Trainer calling it
+# mid-step, its activations live, freed 1.5 a step and its fix gained +6%). allocator_thrash's threshold
+ALLOC_FREES_PER_STEP = 10.0
+
+
+def cache_rebuilt(sig: Signals) -> bool:
+    """The probe counted the allocator giving back and making again >= ``ALLOC_FREES_PER_STEP``
+    segments a step."""
+    mallocs, frees = sig.get("probe.cuda_mallocs_per_step"), sig.get("probe.cuda_frees_per_step")
+    return mallocs is not None and frees is not None and min(mallocs, frees) >= ALLOC_FREES_PER_STEP
 
 
 def _driver_only(sig: Signals) -> float | None:
     """The share of the window util.gpu counted busy while GPM's graphics/compute engine was not and
-    PCIe was quiet (no copy to explain it): the driver's own work on the GPU. Allocator churn shows
-    it: on an H100 a nanoGPT loop calling torch.cuda.empty_cache() every step read util.gpu 98% and
-    GR active 72% (fixed: 96% and 95%; its fix +42%): each step's cudaFree of every cached segment
-    and cudaMalloc again keep util.gpu busy with no kernel running. 0 within
-    ``ENGINES_GAP_NOISE_PCT``; None without GPM or while copying (that gap is the copies')."""
+    PCIe was quiet (no copy to explain it), where the probe counted the allocator rebuilding its
+    cache every step (``cache_rebuilt``): the driver's work for it on the GPU. On an H100 a nanoGPT
+    loop calling torch.cuda.empty_cache() every step read util.gpu 98% and GR active 72% (fixed:
+    96% and 95%; its fix +42%): each step's cudaFree of every cached segment and cudaMalloc again
+    keep util.gpu busy with no kernel running. Only with the calls counted: retry jobs without the
+    counts showed gaps of 6-8 points where their fixes gained -1% and +7% (a periodic job's means
+    drift apart). 0 within ``ENGINES_GAP_NOISE_PCT``; None without GPM, without a rebuilt cache, or
+    while copying (that gap is the copies')."""
     util, gr = sig.get("gpu.util_gpu"), sig.get("gpu.gr_active")
-    if util is None or gr is None:
+    if util is None or gr is None or not cache_rebuilt(sig):
         return None
     pcie = (sig.get("gpu.pcie_rx_mibs") or 0.0) + (sig.get("gpu.pcie_tx_mibs") or 0.0)
     if pcie >= COPYING_PCIE_MIBS:
@@ -522,6 +535,7 @@ def build_signals(store, now: float, window_s: float = WINDOW_S, rank: dict | No
     _stack_signals(store, since, sig, pid)
     _probe_signals(store, since, sig, pid)
     _budget_signals(store, now, sig, pid)
+    sig.set("gpu.driver_only", _driver_only(sig))   # (reads the GPU's and the probe's signals)
     _pending(store, sig)
     _stall_facts(store, now, sig)
     if rank:
