@@ -379,6 +379,11 @@ def test_a_cache_rebuilt_every_step_by_empty_cache_is_allocator_thrash_with_its_
         assert r["fixed"]["primary"] in (None, "gpu_bound"), r
     trainer = rows["trainer_empty_cache_steps"]
     assert trainer["measured_gain"] < 0.10 and trainer["as_is"]["primary"] is None, trainer
+    # the ResNet's host-side idle (forward and backward slowed by a cudaMalloc under each op) is in the
+    # allocator's cost: host_bound, with its advice to move CPU work out of the loop, gives way
+    from gputop.report import build_report
+    rep = build_report(str(RUN_EMPTY_CACHE / "run2" / "corpus-issue30" / "tv_resnet_empty_cache-as_is.gtrec"))
+    assert "host_bound" not in rep["verdicts"] and "empty_cache()" in rep["verdicts"]["allocator_thrash"]["summary"]
 
 
 def test_a_loop_that_catches_an_oom_at_every_batch_is_stalled_and_says_so():

@@ -27,6 +27,7 @@ import re
 from typing import Iterable
 
 from gputop.model import HEALTH_STATES, Sample
+from gputop.sources.probe_fields import MEMORY_FIELDS
 
 MAX_NUMBER = 1e18
 MAX_TIME_S = 1e10
@@ -68,8 +69,7 @@ SCHEMA: dict[str, dict[str, str]] = {
                                "torch torch_info",
                            dict="compile hooks optimizer",
                            number="cudnn device local_rank num_threads rank sync_debug_mode_job world_size"),
-    "probe_memory": _table(number="alloc_retries allocated device device_allocs device_frees ooms peak_allocated "
-                                  "peak_reserved rank reserved"),
+    "probe_memory": _table(number=" ".join(("device", "rank") + MEMORY_FIELDS)),   # (the declared fields: one home)
     "probe_step": _table(dict="step_hist flops_by_dtype collective_ops", str="sync_top flops_dtype flops_off "
                          "collective_top_op collective_off recompile_fn recompile_where recompile_reason "
                          "compile_off recompile_limit_fn recompile_limit_where kernel_off",

@@ -87,8 +87,8 @@ def gpu_busy(sig: Signals) -> float | None:
 KERNEL_TIMED = ("launch_bound",)
 # causes whose cost util.gpu counts as busy: the driver's own work on the GPU (gpu.driver_only, util.gpu
 # over GPM's engine activity with PCIe quiet). The allocator's cudaFree/cudaMalloc of its segments is
-# that work: a nanoGPT loop with empty_cache() every step read util.gpu 98%, GR active 72% (H100, +42%
-# by its fix)
+# that work: a nanoGPT loop with empty_cache() every step read util.gpu 98%, GR active 72% over steady
+# training (H100, the first run, +42% by its fix)
 DRIVER_TIMED = ("allocator_thrash",)
 
 

@@ -60,7 +60,8 @@ CPU_WAIT_SHARE = 0.25             # share of time the main thread is runnable bu
 GPU_MEM_USED_FRAC = 0.95          # GPU memory used
 ALLOC_RETRIES_PER_STEP = 0.25     # CUDA allocator retries (a cache flush and a device sync each) per step ...
 ALLOC_RETRIES_PER_S = 0.5         # ... and per second (a job of few long steps)
-ALLOC_THRASH_SHARE = 0.10         # ... while the GPU idles this share of the time in host code and syncs
+ALLOC_THRASH_SHARE = 0.10         # ... while the GPU loses this share of the time to it (host code and syncs, and the
+                                  # driver's work util.gpu counts busy)
 OFFLOAD_CPU_PARAMS = 0.5          # share of the optimizer's parameter elements on the CPU, the model on a GPU
 OFFLOAD_SHARE = 0.10              # ... and the GPU idle this share of the time while the loop copies or computes on the CPU
 GPU_SHARED_OTHERS_SM = 10.0       # % of the GPU's time other processes' kernels ran on the target's GPU
@@ -453,12 +454,16 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     # while the loop waits on it (the flush's synchronize) or runs host code slowed by a cudaMalloc
     # under each allocating op (the budget's cpu + sync shares), and util.gpu counts the driver's
     # cudaFree/cudaMalloc work on the GPU as busy while no engine runs a kernel (gpu.driver_only,
-    # with GPM). On an H100, nanoGPT with empty_cache() every step: util.gpu 88%, GR active 69%,
-    # host-side 2%, +35% by its fix; a ResNet-50: util.gpu 65%, GR active 51%, host-side 26%, +80%.
+    # with GPM). On an H100 (means over steady training), nanoGPT with empty_cache() every step:
+    # util.gpu 88%, GR active 69%, host-side 2%, +35% by its fix; a ResNet-50: util.gpu 65%, GR
+    # active 51%, host-side 26%, +80%.
     # The sum is an upper bound: the loop's own host time is in the host-side share too
     sync, cpu = sig.get("budget.sync"), sig.get("budget.cpu")
-    driver = sig.get("gpu.driver_only")
-    lost = min(1.0, _host_side_idle(sig) + (driver or 0.0))
+    host = _host_side_idle(sig)
+    # (without a budget the host side is the GPU's idle share by SM activity, 1 - SM active, which holds
+    # the driver's time already: then it is not added again)
+    driver = sig.get("gpu.driver_only") if sync is not None or cpu is not None else None
+    lost = min(1.0, host + (driver or 0.0))
     retrying = rate >= ALLOC_RETRIES_PER_S and (per_step is None or per_step >= ALLOC_RETRIES_PER_STEP)
     # The same churn without a retry: segments given back and made again every step. A steady job makes
     # none once its cache is built; torch.cuda.empty_cache() in the loop gives the whole cache back each
@@ -468,12 +473,12 @@ def allocator_thrash(sig: Signals) -> Finding | None:
     level = _gate(lost / ALLOC_THRASH_SHARE, retrying or rebuilt)
     alloc = sig.facts.get("allocator") or {}
     used = sig.get("gpu.mem_used_frac")
-    idle = f"; the GPU idles {(lost - (driver or 0.0)) * 100:.0f}% of the time in host code and syncs"
+    idle = f"; the GPU idles {host * 100:.0f}% of the time in host code and syncs"
     if driver:
         idle += (f", and its engines another {driver * 100:.0f}% while util.gpu counts it busy "
                  f"(util.gpu {sig.get('gpu.util_gpu'):.0f}%, GR active {sig.get('gpu.gr_active'):.0f}%: the driver "
                  "freeing and mapping memory)")
-    if not rebuilt or rate > 0:   # (a retry frees the cache too: then the retries are the churn's cause)
+    if retrying or not rebuilt:   # (retries this often free the cache too: then they are the churn's cause)
         advice = ("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
                   "sync) and allocates again, step after step. Let its blocks grow in place "
                   "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), keep shapes fixed (pad or bucket sequence "

@@ -151,8 +151,9 @@ def _copy_only(sig: Signals) -> float | None:
     return max(0.0, util - gr) / 100.0 if pcie >= COPYING_PCIE_MIBS else 0.0
 
 
-# util.gpu over GPM's graphics/compute engine, in points, under which the two means agree (their samples
-# drift apart by several points on a periodic job: _copy_only)
+# util.gpu over GPM's graphics/compute engine, in points, under which a gap is the two means' drift (GPM
+# samples 0.1 s every 0.5 s: on a periodic job they drift apart by several points, _copy_only; retry jobs
+# showed 6-8, which is why the gap counts only where the probe counted a rebuilt cache)
 ENGINES_GAP_NOISE_PCT = 5.0
 # cudaFree and cudaMalloc calls a step (each) from which the CUDA cache is rebuilt every step
 # (torch.cuda.empty_cache() in the loop: 46-109 a step on four H100 jobs; a Trainer calling it
@@ -171,8 +172,8 @@ def _driver_only(sig: Signals) -> float | None:
     """The share of the window util.gpu counted busy while GPM's graphics/compute engine was not and
     PCIe was quiet (no copy to explain it), where the probe counted the allocator rebuilding its
     cache every step (``cache_rebuilt``): the driver's work for it on the GPU. On an H100 a nanoGPT
-    loop calling torch.cuda.empty_cache() every step read util.gpu 98% and GR active 72% (fixed:
-    96% and 95%; its fix +42%): each step's cudaFree of every cached segment and cudaMalloc again
+    loop calling torch.cuda.empty_cache() every step read util.gpu 98% and GR active 72% over
+    steady training in its first run (fixed: 96% and 95%; its fix +42%): each step's cudaFree of every cached segment and cudaMalloc again
     keep util.gpu busy with no kernel running. Only with the calls counted: retry jobs without the
     counts showed gaps of 6-8 points where their fixes gained -1% and +7% (a periodic job's means
     drift apart). 0 within ``ENGINES_GAP_NOISE_PCT``; None without GPM, without a rebuilt cache, or
@@ -431,7 +432,8 @@ def _allocator_signals(store, since: float, key: str, sig: Signals) -> None:
     steps = sig.get("probe.steps_per_s")
     if steps:
         sig.set("probe.alloc_retries_per_step", rate / steps)
-        # the cudaMalloc/cudaFree calls behind them, per step (where torch counts them: 2.13 does, 2.11 not), over the
+        # the cudaMalloc/cudaFree calls behind them, per step (torch 2.13 counts the calls; before it the probe
+        # sends the segments created and freed; none in recordings made before 2026-12-07), over the
         # readings that carry both ends of the window
         for field, name in (("device_allocs", "probe.cuda_mallocs_per_step"), ("device_frees", "probe.cuda_frees_per_step")):
             have = [m for m in mem if type(m.data.get(field)) is int and m.data[field] >= 0]
