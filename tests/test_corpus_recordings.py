@@ -384,6 +384,10 @@ def test_a_cache_rebuilt_every_step_by_empty_cache_is_allocator_thrash_with_its_
     from gputop.report import build_report
     rep = build_report(str(RUN_EMPTY_CACHE / "run2" / "corpus-issue30" / "tv_resnet_empty_cache-as_is.gtrec"))
     assert "host_bound" not in rep["verdicts"] and "empty_cache()" in rep["verdicts"]["allocator_thrash"]["summary"]
+    # the ViT's cudaMallocs kept its launching thread busy with the SMs 32% active: launch_bound's look, the
+    # allocator's cause (its fixed job has no verdict at all)
+    rep = build_report(str(RUN_EMPTY_CACHE / "run3" / "corpus-issue30" / "timm_vit_empty_cache-as_is.gtrec"))
+    assert set(rep["verdicts"]) == {"allocator_thrash"}, rep["verdicts"].keys()
 
 
 def test_with_the_allocators_calls_counted_healthy_jobs_and_retries_at_the_edge_are_no_thrash():

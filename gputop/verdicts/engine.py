@@ -137,8 +137,9 @@ class VerdictEngine:
             # a cache rebuilt every step slows the host code under each allocating op (a cudaMalloc
             # each) and its flushes wait on the GPU: that host-side idle is in the allocator's cost,
             # one cause, named once (a ResNet-50 with empty_cache() every step: 26% host-side idle,
-            # 0.7% once fixed, host_bound's advice beside it wrong)
-            for vid in ("host_bound", "sync_stall"):
+            # 0.7% once fixed, host_bound's advice beside it wrong; a ViT's cudaMallocs kept its
+            # launching thread busy and the SMs 32% active, launch_bound's look, gone once fixed)
+            for vid in ("host_bound", "sync_stall", "launch_bound"):
                 f = found.get(vid)
                 if f is not None and f.level >= 1.0:
                     found[vid] = replace(f, level=0.0)
