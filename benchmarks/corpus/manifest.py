@@ -193,6 +193,10 @@ ISSUE30: tuple[Job, ...] = (
     Job("timm_vit_empty_cache", "timm", "allocator_thrash",
         "timm ViT-S/16 at batch 128 (bf16, AdamW) with torch.cuda.empty_cache() after every step",
         "no empty_cache() in the loop"),
+    # written after run 3 and the review's changes, before it ran: the third unseen check
+    Job("bert_mlm_empty_cache", "plain", "allocator_thrash",
+        "BERT-base masked-LM pretraining (batch 32 x 256, bf16, fused AdamW) with torch.cuda.empty_cache() every step",
+        "no empty_cache() in the loop"),
 )
 
 SETS = {"corpus": JOBS, "issue30": ISSUE30}
