@@ -383,7 +383,9 @@ def test_a_cache_rebuilt_every_step_by_empty_cache_is_allocator_thrash_with_its_
     # allocator's cost: host_bound, with its advice to move CPU work out of the loop, gives way
     from gputop.report import build_report
     rep = build_report(str(RUN_EMPTY_CACHE / "run2" / "corpus-issue30" / "tv_resnet_empty_cache-as_is.gtrec"))
-    assert "host_bound" not in rep["verdicts"] and "empty_cache()" in rep["verdicts"]["allocator_thrash"]["summary"]
+    thrash = rep["verdicts"]["allocator_thrash"]
+    assert "host_bound" not in rep["verdicts"] and "empty_cache() at <module> (tv_resnet_empty_cache.py:59)" in \
+        thrash["summary"] and "tv_resnet_empty_cache.py:59" in thrash["advice"], thrash
     # the ViT's cudaMallocs kept its launching thread busy with the SMs 32% active: launch_bound's look, the
     # allocator's cause (its fixed job has no verdict at all)
     rep = build_report(str(RUN_EMPTY_CACHE / "run3" / "corpus-issue30" / "timm_vit_empty_cache-as_is.gtrec"))

@@ -486,20 +486,26 @@ def allocator_thrash(sig: Signals) -> Finding | None:
         summary = (f"{rate:.1f} cudaMalloc retries a second" + (f" ({per_step:.2f} a step)" if per_step is not None else "")
                    + (f", GPU memory {used * 100:.0f}% used" if used is not None else "") + idle)
     else:
+        site = sig.facts.get("empty_cache_site") or {}
+        at = (f" at {site['where']}" + (f", called from {site['via']}" if site.get("via") else "")) if site else ""
+        call = (f"torch.cuda.empty_cache(){at}, every step" if site
+                else "torch.cuda.empty_cache() in the loop?")
         advice = ("The allocator's cache is given back and built again every step with no retry behind it: "
-                  "torch.cuda.empty_cache() called in the loop does that (a device sync and a cudaFree per cached "
-                  "segment, then a cudaMalloc for each again in the next step). Remove it from the step; it frees no "
-                  "memory the job will not take back at once. For fragmentation out-of-memory errors use "
+                  f"torch.cuda.empty_cache(){at if site else ' called in the loop'} does that (a device sync and a "
+                  "cudaFree per cached segment, then a cudaMalloc for each again in the next step). Remove it from "
+                  "the step (a Trainer: torch_empty_cache_steps=None); it frees no memory the job will not take back "
+                  "at once. For fragmentation out-of-memory errors use "
                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead.")
         summary = (f"{frees:.0f} cudaFree and {mallocs:.0f} cudaMalloc calls a step: the CUDA cache is rebuilt every "
-                   f"step with no retry behind it (torch.cuda.empty_cache() in the loop?)" + idle)
+                   f"step with no retry behind it ({call})" + idle)
     return allocator_thrash.spec.finding(
         level=level, lost_share=lost, confidence=_confidence(0.75, _missing(sig, "stacks", "budget")),
         evidence={"alloc_retries_per_s": _r(rate), "alloc_retries_per_step": _r(per_step),
                   "cuda_mallocs_per_step": _r(mallocs), "cuda_frees_per_step": _r(frees),
                   "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
                   "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
-                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "driver_only_pct": _pct(driver)},
+                  "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "driver_only_pct": _pct(driver),
+                  "empty_cache_at": (sig.facts.get("empty_cache_site") or {}).get("where")},
         advice=advice, summary=summary, missing=_missing(sig, "stacks", "budget"))
 
 

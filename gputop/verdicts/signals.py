@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
 
+from gputop.derive.call_sites import call_site
 from gputop.derive.moments import chosen_gpus
 from gputop.derive.stats import is_number
 from gputop.derive.steps import latest_copies, pool_collectives, pool_steps
@@ -538,6 +539,9 @@ def build_signals(store, now: float, window_s: float = WINDOW_S, rank: dict | No
     _probe_signals(store, since, sig, pid)
     _budget_signals(store, now, sig, pid)
     sig.set("gpu.driver_only", _driver_only(sig))   # (reads the GPU's and the probe's signals)
+    if cache_rebuilt(sig):
+        # the line that gives the cache back: torch.cuda.empty_cache()'s caller in the main thread's stacks
+        sig.facts["empty_cache_site"] = call_site(store, since, "empty_cache", "torch/cuda/memory.py", pid)
     _pending(store, sig)
     _stall_facts(store, now, sig)
     if rank:
