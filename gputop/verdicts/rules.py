@@ -478,6 +478,7 @@ def allocator_thrash(sig: Signals) -> Finding | None:
         idle += (f", and its engines another {driver * 100:.0f}% while util.gpu counts it busy "
                  f"(util.gpu {sig.get('gpu.util_gpu'):.0f}%, GR active {sig.get('gpu.gr_active'):.0f}%: the driver "
                  "freeing and mapping memory)")
+    site = sig.facts.get("empty_cache_site") or {}
     if retrying or not rebuilt:   # (retries this often free the cache too: then they are the churn's cause)
         advice = ("The CUDA caching allocator runs out of cached blocks that fit, frees its whole cache (a device "
                   "sync) and allocates again, step after step. Let its blocks grow in place "
@@ -486,7 +487,6 @@ def allocator_thrash(sig: Signals) -> Finding | None:
         summary = (f"{rate:.1f} cudaMalloc retries a second" + (f" ({per_step:.2f} a step)" if per_step is not None else "")
                    + (f", GPU memory {used * 100:.0f}% used" if used is not None else "") + idle)
     else:
-        site = sig.facts.get("empty_cache_site") or {}
         at = (f" at {site['where']}" + (f", called from {site['via']}" if site.get("via") else "")) if site else ""
         call = (f"torch.cuda.empty_cache(){at}, every step" if site
                 else "torch.cuda.empty_cache() in the loop?")
@@ -505,7 +505,7 @@ def allocator_thrash(sig: Signals) -> Finding | None:
                   "gpu_mem_used_pct": _pct(used), "reserved_gib": _r((alloc.get("reserved") or 0) / 2**30) or None,
                   "allocated_gib": _r((alloc.get("allocated") or 0) / 2**30) or None,
                   "sync_share_pct": _pct(sync), "cpu_share_pct": _pct(cpu), "driver_only_pct": _pct(driver),
-                  "empty_cache_at": (sig.facts.get("empty_cache_site") or {}).get("where")},
+                  "empty_cache_at": site.get("where")},
         advice=advice, summary=summary, missing=_missing(sig, "stacks", "budget"))
 
 
