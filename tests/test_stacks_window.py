@@ -13,9 +13,11 @@ import pathlib
 
 import pytest
 
-from gputop.catalogue import KIND_STACKS, SOURCE_STACKS
+from gputop.catalogue import KIND_BUDGET, KIND_STACKS, SOURCE_STACKS
 from gputop.derive.stacks_window import (BUDGET_STACKS_S, CALM_STRETCH, NO_HEALTH_WINDOW_S, THREADS_SLACK_S,
-                                         budget_window_s, stacks_window_s, threads_horizon_s, works_now)
+                                         budget_since, budget_window_s, stacks_window_s, threads_horizon_s,
+                                         works_now)
+from gputop.derive.budget_processor import BudgetProcessor
 from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, ThreadStateProcessor
 from gputop.model import KIND_HEALTH, Sample, health_data
 from gputop.session.recording_reader import RecordingReader
@@ -84,6 +86,42 @@ def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
     for bad in (None, "10", True, float("nan")):
         store.on_samples([_health(3.0, bad)])
         assert stacks_window_s(store) == NO_HEALTH_WINDOW_S
+
+
+def _window_budget(late_s: float) -> tuple[dict | None, float, float]:
+    """The budget processor's window budget when py-spy's next window is ``late_s`` later than the
+    5 s in flight, over the real windows of the H200 Trainer job up to one of 4.8 s; with the
+    newest window's end and the time of the look."""
+    wins = []
+    with RecordingReader(str(HF)) as r:
+        wins = [s for s in r.samples() if s.kind == KIND_STACKS and s.data.get("main") and s.t <= 60.52]
+    newest = wins[-1]
+    store = SampleStore()
+    store.on_samples(wins + [_health(newest.t + 0.1, 5)])
+    now = newest.t + 5 + late_s
+    out = BudgetProcessor().process(store, now)
+    window = [s.data for s in out if s.kind == KIND_BUDGET and s.key == "window"]
+    return (window[0] if window else None), newest.t, now
+
+
+def test_a_late_window_still_leaves_the_budget_its_seconds_of_stacks():
+    """On a loaded box py-spy's next window lands seconds late; the budget's look reaches back so
+    that it still holds BUDGET_STACKS_S before the newest window's end (a 20 s look once held 1 s
+    of stacks beside two CPU hogs), and no further than a window in flight or BUDGET_STACKS_S more:
+    py-spy that stopped is not judged as now."""
+    on_time, _, _ = _window_budget(0.0)
+    assert on_time["from"] == "stacks" and on_time["window_s"] == 20.0   # the look as it was
+    for late in (4.0, 8.0, 12.0):
+        b, newest_t, now = _window_budget(late)
+        assert b is not None and b["from"] == "stacks", late
+        assert b["window_s"] >= now - (newest_t - BUDGET_STACKS_S) - 1e-6, (late, b["window_s"])
+        # (py-spy's spawn gaps between the windows are not stacks: ~10% of them here)
+        assert b["seconds"] >= 0.85 * BUDGET_STACKS_S, (late, b["seconds"])
+    store = SampleStore()
+    store.on_samples([_health(1.0, 5)])
+    assert budget_since(store, "1", 100.0, 20.0) == 80.0   # no stacks of the process: as before
+    stopped, _, _ = _window_budget(30.0)
+    assert stopped is None or stopped["from"] != "stacks", stopped
 
 
 def _ticks_that_work(store, ticks: list[float], every_s: float) -> list[float]:

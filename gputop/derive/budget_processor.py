@@ -26,7 +26,7 @@ from gputop.derive import phases as ph
 from gputop.derive.budget import UNKNOWN, Budget, Moment, Naming, budget_of
 from gputop.derive.moments import SETTLE_S, GpuBusy, MomentBuilder, chosen_gpus
 from gputop.derive.ranks import rank_table
-from gputop.derive.stacks_window import budget_window_s, works_now
+from gputop.derive.stacks_window import budget_since, works_now
 from gputop.derive.stalls import describe, find_stalls
 from gputop.derive.steps import pool_steps
 from gputop.derive.thread_samples import window_weight
@@ -121,7 +121,7 @@ class BudgetProcessor:
                 out.append(Sample(now, KIND_PHASE, "main", self.phase_data(now)))
                 self.phase_said_t = now
                 self.reset_phase = False
-        since = now - budget_window_s(store, self.window_s)   # holds the window in flight
+        since = budget_since(store, pid, now, self.window_s)   # holds the window in flight, late or not
         if phase is not None and self.tracker.since is not None:
             start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
             if start is not None:

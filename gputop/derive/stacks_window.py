@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from gputop.catalogue import SOURCE_STACKS
+from gputop.catalogue import KIND_STACKS, SOURCE_STACKS
 from gputop.model import KIND_HEALTH
 from gputop.sources.calm import CALM_WINDOW_S
 
@@ -63,6 +63,22 @@ def budget_window_s(store, window_s: float) -> float:
     (twice that while the stack source is calm: module docstring)."""
     stacks_s = BUDGET_STACKS_S * (CALM_STRETCH if stacks_calm(store) else 1)
     return max(window_s, stacks_window_s(store) + stacks_s)
+
+
+def budget_since(store, pid: str | None, now: float, window_s: float) -> float:
+    """Where the budget's window starts: ``budget_window_s`` before ``now``, or earlier where
+    py-spy's newest window of ``pid`` ended more than a window in flight ago, so that the look
+    still holds BUDGET_STACKS_S of stacks before that window's end. On a loaded box the next
+    window lands seconds late (py-spy's spawn, its fold, a late derive tick): beside two CPU hogs
+    the agent's look (20 s in flight + 10 s) once held 1 s of stacks just before a window landed
+    (tests/test_agent_stacks.py). It reaches back one more window in flight or BUDGET_STACKS_S,
+    whichever is longer, at most: stacks older than that (py-spy stopped) are not judged as now."""
+    since = now - budget_window_s(store, window_s)
+    newest = store.latest(KIND_STACKS, pid) if pid is not None else None
+    if newest is None:
+        return since
+    stacks_s = BUDGET_STACKS_S * (CALM_STRETCH if stacks_calm(store) else 1)
+    return min(since, max(newest.t - stacks_s, since - max(stacks_window_s(store), stacks_s)))
 
 
 def works_now(store, now: float, every_s: float, last_t: float | None) -> bool:
