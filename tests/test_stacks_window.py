@@ -59,6 +59,16 @@ def test_a_calm_window_is_held_until_the_next_one_lands():
     assert not _thread_states(5, age)
 
 
+def test_a_late_window_is_still_held_by_the_thread_states():
+    """With 5 s windows in flight the horizon is 10 s; when the next window is 3 s later than that
+    (a loaded box) the newest one is still held, and no longer than one more window in flight."""
+    horizon = 5 + THREADS_SLACK_S
+    late = _thread_states(5, horizon + 3.0)
+    main = [d for d in late.values() if d.get("role") == "main"]
+    assert main and main[0]["samples"] > 0 and main[0]["where"], late
+    assert not _thread_states(5, horizon + 5 + 1.0)
+
+
 def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
     store = SampleStore()
     assert stacks_window_s(store) == NO_HEALTH_WINDOW_S

@@ -21,6 +21,7 @@ from gputop.model import Sample
 from gputop.session.recording import Recorder, RecordingReader, RecordingWriter
 from gputop.session.replay import RECORDED_SUFFIX, ReplaySession
 from gputop.session.session import LiveSession, SessionClock
+from gputop.session.store import SampleStore
 from gputop.sources.stacks import KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES, StackSource
 from gputop.sources.target import Target
 
@@ -228,14 +229,9 @@ def test_processor_survives_a_damaged_recording():
            Sample(1.0, KIND_THREAD_KERNEL, "12", {"cols": ["tid", "run"], "threads": [[12, 5], [1], "z"]}),
            Sample(1.0, KIND_THREAD_KERNEL, "12", {"cols": 3, "threads": None})]
 
-    class Store:
-        def window(self, kind, since):
-            return {"12": [s for s in bad if s.kind == kind]}
-
-        def latest(self, kind, key):   # no stacks health: the 2 s windows of an old file
-            return None
-
-    out = ThreadStateProcessor().process(Store(), 2.0)
+    store = SampleStore()   # (no stacks health: the 2 s windows of an old file)
+    store.on_samples(bad)
+    out = ThreadStateProcessor().process(store, 2.0)
     assert [s.key for s in out] == ["12:12"]
     assert out[0].data["samples"] == 3
 

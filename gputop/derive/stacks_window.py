@@ -58,6 +58,18 @@ def threads_horizon_s(store, horizon_s: float) -> float:
     return max(horizon_s, stacks_window_s(store) + THREADS_SLACK_S)
 
 
+def threads_since(store, now: float, horizon_s: float) -> float:
+    """Where the thread states' look starts: ``threads_horizon_s`` before ``now``, or earlier where
+    py-spy's newest window ended more than that ago (its next window is late, as on a loaded box),
+    so that the newest window is still held; a window in flight further at most (``budget_since``
+    says why)."""
+    since = now - threads_horizon_s(store, horizon_s)
+    newest = max((s.t for s in store.latest_of_kind(KIND_STACKS).values()), default=None)
+    if newest is None:
+        return since
+    return min(since, max(newest, since - stacks_window_s(store)))
+
+
 def budget_window_s(store, window_s: float) -> float:
     """The budget's window: ``window_s`` or one window in flight and BUDGET_STACKS_S of stacks
     (twice that while the stack source is calm: module docstring)."""

@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
-from gputop.derive.stacks_window import threads_horizon_s, works_now
+from gputop.derive.stacks_window import threads_since, works_now
 from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
     _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
 )
@@ -340,7 +340,7 @@ class ThreadStateProcessor:
         if not works_now(store, now, self.interval_s, self.worked_t):
             return []   # calm: every other run (derive/stacks_window.py)
         self.worked_t = now
-        since = now - threads_horizon_s(store, self.horizon_s)   # holds the window in flight
+        since = threads_since(store, now, self.horizon_s)   # holds the window in flight, late or not
         stacks = [s for ss in store.window(KIND_STACKS, since).values() for s in ss]
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
         if not stacks and not kernel:
