@@ -40,9 +40,10 @@ from gputop.sources.target import Target
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WL = ROOT / "tests" / "workloads"
 WORLD, SLOW = 3, 2
-# Seconds the ranks train. The verdicts judge training only: under CI's load (two xdist workers on
-# two cores) the start-up took 10 s and the warm-up 7 s of an 11 s job, which then trained for 4 s
-# and once never long enough for straggler_rank's 2 s to turn on.
+# Seconds the ranks train (from their first step; start-up comes before). The verdicts judge
+# training only: replayed beside four CPU hogs, the warm-up took 7 s of 11 s of training, after
+# 10 s of start-up, and straggler_rank turned on with ~3 s left; on CI's box (two xdist workers on
+# two cores) it once never did.
 TRAIN_S = 16
 
 

@@ -16,7 +16,7 @@ import pytest
 from gputop.catalogue import KIND_BUDGET, KIND_STACKS, SOURCE_STACKS
 from gputop.derive.stacks_window import (BUDGET_STACKS_S, CALM_STRETCH, NO_HEALTH_WINDOW_S, THREADS_SLACK_S,
                                          budget_since, budget_window_s, stacks_window_s, threads_horizon_s,
-                                         works_now)
+                                         threads_since, works_now)
 from gputop.derive.budget_processor import BudgetProcessor
 from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, ThreadStateProcessor
 from gputop.model import KIND_HEALTH, Sample, health_data
@@ -60,13 +60,19 @@ def test_a_calm_window_is_held_until_the_next_one_lands():
 
 
 def test_a_late_window_is_still_held_by_the_thread_states():
-    """With 5 s windows in flight the horizon is 10 s; when the next window is 3 s later than that
-    (a loaded box) the newest one is still held, and no longer than one more window in flight."""
+    """With 5 s windows in flight the horizon is 10 s; looked at 13 s after the newest window ended
+    (the next one 8 s late, on a loaded box) it is still held, and no longer than one more window
+    in flight: past that the look is the horizon again (threads_since)."""
     horizon = 5 + THREADS_SLACK_S
     late = _thread_states(5, horizon + 3.0)
     main = [d for d in late.values() if d.get("role") == "main"]
     assert main and main[0]["samples"] > 0 and main[0]["where"], late
     assert not _thread_states(5, horizon + 5 + 1.0)
+    store = SampleStore()
+    store.on_samples([_one_window(), _health(1.0, 5)])
+    t = _one_window().t
+    assert threads_since(store, t + horizon + 3.0, DEFAULT_HORIZON_S) == t
+    assert threads_since(store, t + horizon + 6.0, DEFAULT_HORIZON_S) == t + 6.0
 
 
 def test_the_windows_widen_with_the_window_in_flight_and_never_shrink():
@@ -121,6 +127,7 @@ def test_a_late_window_still_leaves_the_budget_its_seconds_of_stacks():
     py-spy that stopped is not judged as now."""
     on_time, _, _ = _window_budget(0.0)
     assert on_time["from"] == "stacks" and on_time["window_s"] == 20.0   # the look as it was
+    # (4 s late the 20 s look still holds 10 s: the old look passed that; 8 and 12 s it did not)
     for late in (4.0, 8.0, 12.0):
         b, newest_t, now = _window_budget(late)
         assert b is not None and b["from"] == "stacks", late
@@ -130,8 +137,13 @@ def test_a_late_window_still_leaves_the_budget_its_seconds_of_stacks():
     store = SampleStore()
     store.on_samples([_health(1.0, 5)])
     assert budget_since(store, "1", 100.0, 20.0) == 80.0   # no stacks of the process: as before
+    # py-spy stopped: neither its old stacks nor a widened look over none of them
     stopped, _, _ = _window_budget(30.0)
-    assert stopped is None or stopped["from"] != "stacks", stopped
+    assert stopped is None or (stopped["from"] != "stacks" and stopped["window_s"] == 20.0), stopped
+    store = SampleStore()
+    store.on_samples([_one_window(), _health(1.0, 5)])
+    newest_t = _one_window().t
+    assert budget_since(store, _one_window().key, newest_t + 60.0, 20.0) == newest_t + 40.0
 
 
 def _ticks_that_work(store, ticks: list[float], every_s: float) -> list[float]:

@@ -59,15 +59,16 @@ def threads_horizon_s(store, horizon_s: float) -> float:
 
 
 def threads_since(store, now: float, horizon_s: float) -> float:
-    """Where the thread states' look starts: ``threads_horizon_s`` before ``now``, or earlier where
-    py-spy's newest window ended more than that ago (its next window is late, as on a loaded box),
-    so that the newest window is still held; a window in flight further at most (``budget_since``
-    says why)."""
+    """Where the thread states' look starts: ``threads_horizon_s`` before ``now``, or, where
+    py-spy's newest window ended before that (its next window is late, as on a loaded box), at that
+    window's end, so that it is still held; a window in flight further at most. A newest window
+    older than that (py-spy stopped) leaves the look as it was. The kernel sampler's ticks are
+    read over the same look, so that a thread's shares come from one span of time."""
     since = now - threads_horizon_s(store, horizon_s)
     newest = max((s.t for s in store.latest_of_kind(KIND_STACKS).values()), default=None)
-    if newest is None:
+    if newest is None or newest >= since or newest < since - stacks_window_s(store):
         return since
-    return min(since, max(newest, since - stacks_window_s(store)))
+    return newest
 
 
 def budget_window_s(store, window_s: float) -> float:
@@ -78,19 +79,24 @@ def budget_window_s(store, window_s: float) -> float:
 
 
 def budget_since(store, pid: str | None, now: float, window_s: float) -> float:
-    """Where the budget's window starts: ``budget_window_s`` before ``now``, or earlier where
-    py-spy's newest window of ``pid`` ended more than a window in flight ago, so that the look
-    still holds BUDGET_STACKS_S of stacks before that window's end. On a loaded box the next
-    window lands seconds late (py-spy's spawn, its fold, a late derive tick): beside two CPU hogs
-    the agent's look (20 s in flight + 10 s) once held 1 s of stacks just before a window landed
-    (tests/test_agent_stacks.py). It reaches back one more window in flight or BUDGET_STACKS_S,
-    whichever is longer, at most: stacks older than that (py-spy stopped) are not judged as now."""
+    """Where the budget's window starts: ``budget_window_s`` before ``now``, or earlier where that
+    look would hold less than BUDGET_STACKS_S (twice that while calm) before the end of py-spy's
+    newest window of ``pid``, so that it holds them. On a loaded box the next window lands seconds
+    late (py-spy's spawn, its fold, a late derive tick): beside two CPU hogs the agent's look (20 s
+    in flight + 10 s) once held 1 s of stacks just before a window landed
+    (tests/test_agent_stacks.py). While calm this is the usual case: the 20 s windows (+-10%) and
+    the children's short one after each end a little later than the look assumes. It reaches back
+    one more window in flight or those seconds of stacks, whichever is longer, at most; a newest
+    window older than that (py-spy stopped) leaves the look as it was, not widened over no stacks."""
     since = now - budget_window_s(store, window_s)
     newest = store.latest(KIND_STACKS, pid) if pid is not None else None
     if newest is None:
         return since
     stacks_s = BUDGET_STACKS_S * (CALM_STRETCH if stacks_calm(store) else 1)
-    return min(since, max(newest.t - stacks_s, since - max(stacks_window_s(store), stacks_s)))
+    floor = since - max(stacks_window_s(store), stacks_s)
+    if newest.t < floor:
+        return since
+    return min(since, max(newest.t - stacks_s, floor))
 
 
 def works_now(store, now: float, every_s: float, last_t: float | None) -> bool:
