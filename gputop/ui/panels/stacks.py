@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gputop.derive.stacks_window import threads_horizon_s
+from gputop.derive.stacks_window import threads_since
 from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, STATES, hot_frames
 from gputop.derive.threads import METRICS as THREAD_METRICS
 from gputop.sources.stacks import KIND_STACKS, SOURCE_NAME
@@ -122,8 +122,9 @@ class ThreadStatesPanel(TextPanel):
         return KIND_THREAD_STATE in snap.kinds or SOURCE_NAME in snap.health()
 
     def draw(self, snap: Snapshot, width: int) -> Text:
-        # the horizon the thread states are over now (30 s while calm: derive/stacks_window.py)
-        title = self.TITLE_OF.format(round(threads_horizon_s(snap.store, DEFAULT_HORIZON_S)))
+        # the look the thread states are over now (30 s while calm, longer while py-spy's next
+        # window is late: derive/stacks_window.threads_since, as the processor reads it)
+        title = self.TITLE_OF.format(round(snap.now - threads_since(snap.store, snap.now, DEFAULT_HORIZON_S)))
         if self.border_title != title:
             self.border_title = title
         out = Text()
