@@ -228,9 +228,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--json", help="write the rows here")
-    ap.add_argument("--set", default="corpus", choices=sorted(SETS),
-                    help="corpus: issue 29's 30 jobs; issue30: the jobs of issue 30's causes")
+    ap.add_argument("--set", default="corpus",
+                    help="corpus: issue 29's 30 jobs; unseen1207: its second held-out corpus, written blind to "
+                         "the rules; issue30: the jobs of issue 30's causes; several, comma-separated, are "
+                         "scored as one (corpus,unseen1207)")
     args = ap.parse_args()
+    names = [n.strip() for n in args.set.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SETS]
+    if not names or unknown:
+        print(f"corpus_score: no such set: {', '.join(unknown) or repr(args.set)} "
+              f"(choose from {', '.join(sorted(SETS))})", file=sys.stderr)
+        return 2
+    jobs = tuple(j for n in names for j in SETS[n])
     dirs = [pathlib.Path(d) for d in args.dirs]
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
@@ -251,7 +260,7 @@ def main() -> int:
     # the steps/s are read again from each job's own log (the raw evidence), so a better reading
     # of the logs (a rate line after a progress bar's carriage return) applies to old runs too,
     # and a variant whose call was cut short (its log, no row) is measured too
-    for job in SETS[args.set]:
+    for job in jobs:
         for variant in ("as_is", "fixed", "second"):
             stem = f"{job.name}-{variant}.log"
             log = next((d / stem for d in dirs if (d / stem).exists()), None)
@@ -259,7 +268,7 @@ def main() -> int:
                 row = results.setdefault((job.name, variant), {"job": job.name, "variant": variant})
                 row["steps_per_s"] = steady_rate(log.read_text(errors="replace"))[0]
     rows = []
-    for j in SETS[args.set]:
+    for j in jobs:
         try:
             row = score_job(j, dirs, results)
         except (RecordingError, OSError) as e:   # a damaged recording: that job is not judged, the rest are
@@ -276,7 +285,7 @@ def main() -> int:
         print(f"{r['job'][:26]:26s} {str(r['cause'])[:15]:15s} {str(a['primary'])[:12]:12s} {mark} {pred:>6s} "
               f"{meas:>6s} {str(f.get('primary'))[:15]:15s} {str((r.get('late') or {}).get('primary'))[:15]:15s}"
               + (" H" if r["holdout"] else ""))
-    seconds = second_fixes(SETS[args.set], dirs, results, {r["job"]: r for r in rows})
+    seconds = second_fixes(jobs, dirs, results, {r["job"]: r for r in rows})
     for label, sel in (("tuning", [r for r in rows if not r["holdout"]]),
                        ("held out", [r for r in rows if r["holdout"]]), ("all", rows)):
         print(f"{label} ({len(sel)} jobs):")

@@ -199,5 +199,38 @@ ISSUE30: tuple[Job, ...] = (
         "no empty_cache() in the loop"),
 )
 
-SETS = {"corpus": JOBS, "issue30": ISSUE30}
-BY_NAME = {j.name: j for j in JOBS}
+# Issue 29's second held-out corpus (2026-12-07, seventh session): eight jobs with a known cause, each
+# written by a helper that read none of gputop's rules, docs or tests (only benchmarks/corpus/common.py
+# and four corpus jobs for the form), from a line naming the recipe, the cause's label and the fix.
+# Registered here, with their labels, before any of them ran under gputop; none has been tuned to. All
+# are held out: their score is a first look at code nobody tuned the rules to (``--set unseen1207``;
+# ``--set corpus,unseen1207`` scores both corpora as one).
+UNSEEN1207: tuple[Job, ...] = (
+    Job("tv_mobilenet_graph", "torchvision", "launch_bound",
+        "MobileNetV3-Small at batch 32 on 96x96 images, capturable AdamW: ~1,000 tiny kernels a step",
+        "the whole step in one CUDA graph", holdout=True),
+    Job("lightning_grad_norm_items", "lightning", "sync_stall",
+        "Lightning transformer classifier logging each parameter's grad norm with .item() (198 a step)",
+        "stack the norms on the GPU and log their max as a tensor", holdout=True),
+    Job("nvidia_smi_in_loop", "nanogpt", "loop_blocked",
+        "nanoGPT GPT-2 small loop running nvidia-smi through subprocess every 5 steps to log memory",
+        "torch.cuda.memory_allocated() instead of the subprocess", holdout=True),
+    Job("tabular_features_in_loop", "recsys", "host_bound",
+        "DLRM-style click model (batch 4096) whose features are hashed and crossed with numpy/md5 inline "
+        "on the training thread", "featurize the table once before the loop, on the GPU", holdout=True),
+    Job("accelerate_save_state_often", "accelerate", "io_stall",
+        "Accelerate GPT-2 medium (bf16, batch 8 x 512) calling accelerator.save_state every 25 steps",
+        "checkpointing_steps=5000", holdout=True),
+    Job("tv_jpeg_decode_few_workers", "torchvision", "input_bound",
+        "torchvision reference ResNet-50 (bf16, channels_last, batch 128) on in-memory JPEGs decoded and "
+        "augmented by 2 DataLoader workers", "num_workers=14", holdout=True),
+    Job("nanogpt_python_metrics_thread", "nanogpt", "gil_contention",
+        "nanoGPT GPT-2 small loop handing each batch's targets to a thread counting n-grams in pure Python",
+        "the same metrics in a multiprocessing.Process", holdout=True),
+    Job("trainer_vit_transforms_workers0", "trainer", "input_bound",
+        "HF Trainer ViT-Base/16 (bf16, batch 64) with a torchvision augment pipeline in __getitem__, "
+        "dataloader_num_workers=0", "dataloader_num_workers=12", holdout=True),
+)
+
+SETS = {"corpus": JOBS, "unseen1207": UNSEEN1207, "issue30": ISSUE30}
+BY_NAME = {j.name: j for j in JOBS + UNSEEN1207}
