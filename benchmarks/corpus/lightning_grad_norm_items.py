@@ -1,10 +1,11 @@
-"""Lightning text classifier: a 16-layer pre-LN transformer encoder (nn.TransformerEncoderLayer, d=512, 8 heads,
-~50M parameters) over 256-token sequences, batch 64, bf16-mixed, AdamW, whose on_before_optimizer_step logs the
-gradient norm of every parameter the way people write it: one p.grad.norm().item() per parameter (198 of them).
-Cause (sync_stall): each .item() waits for the GPU to finish everything queued and copies one number back, so
-the CPU cannot queue the next kernels ahead: the GPU idles at each of the ~200 round trips and again while the
-CPU launches the optimizer step and the next forward from an empty queue.
-Fix (--fixed): stack the norms on the GPU (torch.stack([p.grad.norm() ...])) and log their max as a tensor.
+"""Lightning GPT pre-training: a 12-layer GPT (d=1024, 16 heads, separate q/k/v nn.Linear, ~185M parameters,
+vocab 32768) on 512-token windows of random ids, batch 16, bf16-mixed, AdamW (~25-30 ms a step on an H100),
+whose on_before_optimizer_step logs the gradient norm of each of its 196 parameters the way people write it:
+norms[name] = p.grad.norm().item(), then the max.
+Cause (sync_stall): each .item() waits for the GPU to finish all queued work and copies one number back, so the
+CPU can never queue kernels ahead: the GPU idles through ~196 round trips (~50 us each, ~10 ms a step; the same
+hook on a 16-layer encoder measured 8-10 ms) and again while the next step is launched from an empty queue.
+Expect about +30-40%. Fix (--fixed): norms = torch.stack([p.grad.norm() ...]) on the GPU, log norms.max() as a tensor.
 """
 # ruff: noqa: E401, E402, E702
 import sys, os; sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
