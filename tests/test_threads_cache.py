@@ -42,7 +42,7 @@ def test_processor_equals_a_fresh_aggregation_and_reads_each_kernel_sample_once(
             store.on_samples([ss[i]])
             i += 1
         got = proc.process(store, t)
-        since = t - proc.horizon_s
+        since = proc.look_since(store, t)   # (the horizon, never before the recorded phase's start)
         stacks = [s for v in store.window("stacks", since).values() for s in v]
         kernel = [s for v in store.window("thread_kernel", since).values() for s in v]
         want = thread_states(aggregate(stacks, kernel), proc.native_min_cpu)

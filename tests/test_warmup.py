@@ -105,6 +105,10 @@ def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step
     assert not _first_step_pending([win(1, 2, 0.0)])          # a step has ended
     assert not _first_step_pending([win(0, 40, 8.0)])         # batches flow without steps: an inference loop
     assert not _first_step_pending([win(0, 0, 0.0)])          # no batch yet: start-up, or no DataLoader
+    # no DataLoader, and the stacks inside a backward pass or an optimizer step: the first step
+    assert _first_step_pending([win(0, 0, 0.0)], in_step=True)
+    assert not _first_step_pending([win(1, 0, 0.0)], in_step=True)   # a step has ended
+    assert not _first_step_pending([win(0, 40, 8.0)], in_step=True)  # batches flow: the DataLoader rule holds
     assert not _first_step_pending([])
     # a first batch over FIRST_STEP_MAX_S before, and still no step: a loop whose steps the probe
     # does not see (a custom optimizer), not a first step to wait for
@@ -112,6 +116,50 @@ def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step
     late = Sample(20.0, "probe_step", "1", {"step_total": 0, "batch_total": 9, "batches_per_s": 0.0})
     assert not _first_step_pending([late], [first])
     assert _first_step_pending([Sample(10.0, "probe_step", "1", dict(late.data))], [first])
+
+
+UNSEEN = ROOT / "benchmarks" / "results" / "h100-unseen-1207" / "corpus-unseen1207"
+
+
+def _first_step_s(job: str, rep: dict) -> float:
+    """The job's own first step (its log's ``first_step`` wall time), in the report's seconds."""
+    log = (UNSEEN / f"{job}-as_is.log").read_text()
+    wall = float(next(line.split()[1] for line in log.splitlines() if line.startswith("first_step ")))
+    return wall - rep["session"]["start_wall"]
+
+
+def test_a_loop_without_a_dataloader_is_in_warm_up_until_its_first_step_ends():
+    """A MobileNet trained from batches already on the GPU (no DataLoader: the probe sees no batch)
+    sat 12 s in its first backward, loading cuDNN with the GPU idle (an H100, the unseen corpus).
+    Those idle seconds were level, so they settled the warm-up and were judged: host_bound for most
+    of the run, where the loop is launch-bound once it steps. The first step is pending while its
+    stacks are in a backward pass and the probe has ended no step: training is judged from after it."""
+    rep = build_report(str(UNSEEN / "tv_mobilenet_graph-as_is.gtrec"))
+    training = [p["t"] for p in rep["phases"] if p["phase"] == ph.TRAINING]
+    assert training and training[0] > _first_step_s("tv_mobilenet_graph", rep), rep["phases"]
+    assert (rep["primary_verdict"] or {}).get("id") == "launch_bound", rep["verdict_timeline"]
+    assert "host_bound" not in [v["id"] for v in rep["verdict_timeline"]], rep["verdict_timeline"]
+
+
+def test_the_thread_states_look_starts_where_the_judged_stretch_does():
+    """The rules read the main thread's states beside the budget, whose window never reaches
+    before the phase; the states did (their 10 s horizon): 4 s into a Lightning job's training
+    its share waiting on the GPU read 12% (its warm-up in the look), 27% once training filled it.
+    Now the look starts at the judged stretch (phases.look_start), in warm-up at the warm-up's start."""
+    from gputop.catalogue import KIND_PHASE
+    from gputop.derive.threads import ThreadStateProcessor
+    from gputop.model import Sample
+
+    proc, store = ThreadStateProcessor(), SampleStore()
+    store.on_samples([Sample(100.0, KIND_PHASE, "main", {"phase": ph.TRAINING, "since": 101.0,
+                                                          "training_since": 100.5})])
+    assert proc.look_since(store, 104.0) == 100.5           # the judged stretch's start
+    assert proc.look_since(store, 130.0) == 120.0           # its horizon, once the stretch is longer
+    store.on_samples([Sample(131.0, KIND_PHASE, "main", {"phase": ph.WARMUP, "since": 129.0, "training_since": None})])
+    assert proc.look_since(store, 133.0) == 129.0           # the warm-up's own seconds
+    store.on_samples([Sample(140.0, KIND_PHASE, "main", {"phase": ph.ENDED, "since": 139.0, "training_since": 110.0})])
+    assert proc.look_since(store, 141.0) == 139.0           # ended: nothing after the end (the last look stands)
+    assert ph.look_start(None, 1.0, 2.0) is None
 
 
 def test_warm_up_never_lasts_longer_than_its_ceiling():

@@ -122,10 +122,9 @@ class BudgetProcessor:
                 self.phase_said_t = now
                 self.reset_phase = False
         since = budget_since(store, pid, now, self.window_s)   # holds the window in flight, late or not
-        if phase is not None and self.tracker.since is not None:
-            start = self.tracker.training_since if phase in ph.JUDGED else self.tracker.since
-            if start is not None:
-                since = max(since, start)   # never judged with what came before the phase in it
+        start = ph.look_start(phase, self.tracker.since, self.tracker.training_since)
+        if start is not None:
+            since = max(since, start)   # never judged with what came before the phase in it
         moments, source, b = self.builder.moments_and_budget(store, pid, since, now, gpus)
         if not moments:
             moments, source = self._gpu_only(store, since, gpus)
@@ -198,8 +197,9 @@ class BudgetProcessor:
             steps = sum(p.get("step_n") for p in near if type(p.get("step_n")) is int)
             recompiling = any(type(p.get(k)) is int and p.get(k) > 0 for p in near
                               for k in ("recompiles", "recompile_limit_hits"))
+            in_step = any(m.naming.hint == fr.TRAIN for m in span)   # a backward pass or an optimizer step
             changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling,
-                                       _first_step_pending(near, probe)) or changed
+                                       _first_step_pending(near, probe, in_step)) or changed
         return changed
 
     def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list,
@@ -342,7 +342,7 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
 FIRST_STEP_MAX_S = 15.0   # a first step longer than this after the first batch is not waited for
 
 
-def _first_step_pending(probe_windows: list, earlier: list = ()) -> bool:
+def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool = False) -> bool:
     """The probe sees the loop inside its first step: it has taken a batch, ended no step, and
     took no batch in its newest window near the span. That step is cuDNN autotuning, lazy module
     init, the allocator's first growth: the GPU's busy share meanwhile says nothing about how the
@@ -351,11 +351,23 @@ def _first_step_pending(probe_windows: list, earlier: list = ()) -> bool:
     inference loop) is not pending: its busy share is all there is; nor is one whose first batch
     (in ``earlier``, the probe windows before) came over FIRST_STEP_MAX_S ago: a loop whose steps
     the probe never sees (a custom optimizer) and whose batches take over a second would
-    otherwise be warm-up for WARMUP_MAX_S."""
+    otherwise be warm-up for WARMUP_MAX_S.
+
+    A loop with no DataLoader (its batches made on the GPU, or indexed from tensors) takes no batch
+    the probe sees: it is inside its first step while the probe has ended no step and taken no
+    batch and the span's stacks (``in_step``) show a backward pass or an optimizer step. (A
+    MobileNet's first backward sat 12 s loading cuDNN with the GPU idle, on an H100: the idle
+    seconds, level, settled the warm-up and were judged host-bound.) A loop whose steps the probe
+    never sees gets its model's calls as steps within ~15 s (probe/forward_steps.py), and the
+    warm-up's own WARMUP_MAX_S bounds the rest. GradScaler's steps count as ended steps: one that
+    skips its optimizer step on an overflow ended all the same (amp_fp16_overflow skips them all)."""
     if not probe_windows:
         return False
     p = probe_windows[-1]
     steps, batches, rate = p.get("step_total"), p.get("batch_total"), p.get("batches_per_s")
+    scaled = p.get("scaler_steps")   # GradScaler's steps: a skipped one ended too, with no optimizer step
+    if in_step and type(steps) is int and steps == 0 and batches in (0, None) and not (type(scaled) is int and scaled):
+        return True
     if not (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
             and type(rate) in (int, float) and rate == 0):
         return False

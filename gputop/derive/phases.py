@@ -68,6 +68,18 @@ READING_S = 1.0           # a reading covers about the second before its time (a
 SETTLE_SPANS = 3          # without any reading: spans of the loop without start-up frames
 
 
+def look_start(phase: str | None, since, training_since) -> float | None:
+    """Where a look back over the job's recent past starts at the earliest: while judged, the
+    judged stretch's start (the warm-up before it is shown, not judged); in any other phase, that
+    phase's start. A look reaching further would judge a phase with what came before it in it:
+    the budget's window, and the thread states the rules read beside it (a Lightning job's share of
+    time waiting on the GPU read 12% 4 s into training, its warm-up in the look, and 27% once the
+    look held training alone). After the end, the end: nothing new is looked at (the last look
+    stands). None: no phase known."""
+    start = training_since if phase in JUDGED else since if phase is not None else None
+    return float(start) if type(start) in (int, float) else None
+
+
 @dataclass
 class PhaseTracker:
     phase: str | None = None       # what the job is doing now, as shown and judged (warm-up included)

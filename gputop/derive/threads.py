@@ -37,12 +37,13 @@ from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
+from gputop.derive.phases import look_start
 from gputop.derive.stacks_window import threads_since, works_now
 from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
     _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
 )
 from gputop.model import KIND_HEALTH, MetricSpec, Sample
-from gputop.catalogue import KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES
+from gputop.catalogue import KIND_PHASE, KIND_STACKS, KIND_THREAD_KERNEL, WAIT_CLASSES
 from gputop.catalogue import SOURCE_STACKS as SOURCE_NAME
 
 from gputop.catalogue import KIND_THREAD_STATE  # noqa: E402  (kept importable from here)
@@ -340,7 +341,7 @@ class ThreadStateProcessor:
         if not works_now(store, now, self.interval_s, self.worked_t):
             return []   # calm: every other run (derive/stacks_window.py)
         self.worked_t = now
-        since = threads_since(store, now, self.horizon_s)   # holds the window in flight, late or not
+        since = self.look_since(store, now)
         stacks = [s for ss in store.window(KIND_STACKS, since).values() for s in ss]
         kernel = [s for ss in store.window(KIND_THREAD_KERNEL, since).values() for s in ss]
         if not stacks and not kernel:
@@ -350,6 +351,17 @@ class ThreadStateProcessor:
         self._kcache.forget_before(since)
         return [Sample(now, KIND_THREAD_STATE, f"{d['pid']}:{d['tid']}", d)
                 for d in thread_states(aggs, self.native_min_cpu)]
+
+    def look_since(self, store, now: float) -> float:
+        """Where the thread states' look starts: ``horizon_s`` back, holding the py-spy window in
+        flight, late or not (stacks_window.threads_since), and never before the phase the job is in
+        (phases.look_start, the budget's window too), so that the states the rules read beside the
+        budget are of the judged stretch alone."""
+        since = threads_since(store, now, self.horizon_s)
+        phase = store.latest(KIND_PHASE, "main")   # (the budget processor's, a tick ago)
+        start = None if phase is None else look_start(phase.get("phase"), phase.get("since"),
+                                                      phase.get("training_since"))
+        return max(since, start) if start is not None and start < now else since
 
     def reset(self) -> None:
         self._cache.clear()
