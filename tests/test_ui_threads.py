@@ -179,5 +179,19 @@ async def test_the_threads_title_says_the_horizon_its_states_are_over():
             app.redraw_now()
             await pilot.pause()
             assert "last 30 s" in str(panel.border_title), panel.border_title
+            # early in the judged stretch the states are over it alone, as the budget's window
+            # (phases.look_start): the title says those seconds, not the horizon
+            from gputop.report import build_report
+            t_train = next(c["t"] for c in build_report(str(path))["phases"] if c["phase"] == "training")
+            for k in range(2, 12):   # (the live tracker says "training" a few seconds after the stretch began)
+                session.seek(t_train + k)   # (this recording's times count from its start, as the report's)
+                phase = session.store.latest("phase", "main")
+                if phase.get("phase") == "training":
+                    break
+            app.redraw_now()
+            await pilot.pause()
+            look = float(str(panel.border_title).split("last ")[1].split(" s")[0])
+            judged = session.position - phase.get("training_since")
+            assert judged < 9.0 and abs(look - judged) <= 1.0, (panel.border_title, judged)
     finally:
         session.stop()

@@ -322,6 +322,19 @@ def thread_states(aggs: dict, native_min_cpu: float = NATIVE_MIN_CPU) -> list[di
 # The processor
 
 
+def states_since(store, now: float, horizon_s: float = DEFAULT_HORIZON_S) -> float:
+    """Where the thread states' look starts: ``horizon_s`` back, holding the py-spy window in
+    flight, late or not (stacks_window.threads_since), and never before the phase the job is in
+    (phases.look_start, the budget's window too), so that the states the rules read beside the
+    budget are of the judged stretch alone. The processor reads it, and the Threads view's title
+    says it."""
+    since = threads_since(store, now, horizon_s)
+    phase = store.latest(KIND_PHASE, "main")   # (the budget processor's, a tick ago)
+    start = None if phase is None else look_start(phase.get("phase"), phase.get("since"),
+                                                  phase.get("training_since"))
+    return max(since, start) if start is not None and start < now else since
+
+
 class ThreadStateProcessor:
     """Processor: thread_state samples every ``interval_s`` over the last ``horizon_s``."""
 
@@ -353,15 +366,7 @@ class ThreadStateProcessor:
                 for d in thread_states(aggs, self.native_min_cpu)]
 
     def look_since(self, store, now: float) -> float:
-        """Where the thread states' look starts: ``horizon_s`` back, holding the py-spy window in
-        flight, late or not (stacks_window.threads_since), and never before the phase the job is in
-        (phases.look_start, the budget's window too), so that the states the rules read beside the
-        budget are of the judged stretch alone."""
-        since = threads_since(store, now, self.horizon_s)
-        phase = store.latest(KIND_PHASE, "main")   # (the budget processor's, a tick ago)
-        start = None if phase is None else look_start(phase.get("phase"), phase.get("since"),
-                                                      phase.get("training_since"))
-        return max(since, start) if start is not None and start < now else since
+        return states_since(store, now, self.horizon_s)
 
     def reset(self) -> None:
         self._cache.clear()

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gputop.derive.stacks_window import threads_since
-from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, STATES, hot_frames
+from gputop.derive.threads import DEFAULT_HORIZON_S, KIND_THREAD_STATE, STATES, hot_frames, states_since
 from gputop.derive.threads import METRICS as THREAD_METRICS
 from gputop.sources.stacks import KIND_STACKS, SOURCE_NAME
 from gputop.ui import fmt
@@ -123,8 +122,8 @@ class ThreadStatesPanel(TextPanel):
 
     def draw(self, snap: Snapshot, width: int) -> Text:
         # the look the thread states are over now (30 s while calm, longer while py-spy's next
-        # window is late: derive/stacks_window.threads_since, as the processor reads it)
-        title = self.TITLE_OF.format(round(snap.now - threads_since(snap.store, snap.now, DEFAULT_HORIZON_S)))
+        # window is late, shorter early in a phase: derive/threads.states_since, as the processor reads it)
+        title = self.TITLE_OF.format(round(snap.now - states_since(snap.store, snap.now, DEFAULT_HORIZON_S)))
         if self.border_title != title:
             self.border_title = title
         out = Text()
