@@ -233,7 +233,7 @@ def main() -> int:
                          "the rules; issue30: the jobs of issue 30's causes; several, comma-separated, are "
                          "scored as one (corpus,unseen1207)")
     args = ap.parse_args()
-    names = [n.strip() for n in args.set.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in args.set.split(",") if n.strip()))   # (a set named twice: once)
     unknown = [n for n in names if n not in SETS]
     if not names or unknown:
         print(f"corpus_score: no such set: {', '.join(unknown) or repr(args.set)} "

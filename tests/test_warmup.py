@@ -109,6 +109,10 @@ def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step
     assert _first_step_pending([win(0, 0, 0.0)], in_step=True)
     assert not _first_step_pending([win(1, 0, 0.0)], in_step=True)   # a step has ended
     assert not _first_step_pending([win(0, 40, 8.0)], in_step=True)  # batches flow: the DataLoader rule holds
+    assert _first_step_pending([win(0, None, None)], in_step=True)   # a probe that counts no batches at all
+    # GradScaler skipped a step (counted in an earlier window): a step ended, with no optimizer step
+    scaled = Sample(0.5, "probe_step", "1", {"step_total": 0, "batch_total": 0, "scaler_steps": 3})
+    assert not _first_step_pending([win(0, 0, 0.0)], [scaled], in_step=True)
     assert not _first_step_pending([])
     # a first batch over FIRST_STEP_MAX_S before, and still no step: a loop whose steps the probe
     # does not see (a custom optimizer), not a first step to wait for
@@ -141,6 +145,37 @@ def test_a_loop_without_a_dataloader_is_in_warm_up_until_its_first_step_ends():
     assert "host_bound" not in [v["id"] for v in rep["verdict_timeline"]], rep["verdict_timeline"]
 
 
+def test_only_the_first_warm_up_waits_for_a_first_step_without_a_dataloader():
+    """A loop whose steps the probe never counts (a hand-written update under torch.compile) shows
+    a backward pass with no step ended for ever: after its first judged stretch, an evaluation's
+    warm-up must settle on its readings as any other, not wait WARMUP_MAX_S again."""
+    from gputop.derive.budget_processor import BudgetProcessor
+    from gputop.model import Sample
+
+    probe = [Sample(float(t), "probe_step", "1", {"step_total": 0, "batch_total": 0}) for t in range(0, 60)]
+    proc = BudgetProcessor()
+    pending = [_pending_span(proc, a, probe) for a in range(10, 20)]
+    assert all(pending), pending                       # the first warm-up: inside the first step
+    proc.tracker.training_since = 5.0                  # once judged, a later warm-up does not wait
+    assert not any(_pending_span(proc, a, probe) for a in range(30, 35))
+
+
+def _pending_span(proc, a: int, probe: list) -> bool:
+    """Whether the budget processor's span [a, a+1] of backward-pass moments is judged inside the first step."""
+    from gputop.derive.budget import Moment, Naming
+
+    seen = []
+    real = proc._judge_span
+    proc._judge_span = lambda *args, **kw: seen.append(args[-1] if len(args) >= 7 else kw.get("first_step_pending"))
+    try:
+        backward = Naming(cat="python", frame="train (job.py:9)", path="job.py", leaf_owner="user", hint=fr.TRAIN)
+        ms = [Moment(t=a + (i + 0.5) * 0.05, dt=0.05, busy=0.5, naming=backward) for i in range(20)]
+        proc._judge_moments(ms, a + 1.0, [p for p in probe if p.t <= a + 1.0])
+    finally:
+        proc._judge_span = real
+    return bool(seen and seen[-1])
+
+
 def test_the_thread_states_look_starts_where_the_judged_stretch_does():
     """The rules read the main thread's states beside the budget, whose window never reaches
     before the phase; the states did (their 10 s horizon): 4 s into a Lightning job's training
@@ -158,7 +193,7 @@ def test_the_thread_states_look_starts_where_the_judged_stretch_does():
     store.on_samples([Sample(131.0, KIND_PHASE, "main", {"phase": ph.WARMUP, "since": 129.0, "training_since": None})])
     assert proc.look_since(store, 133.0) == 129.0           # the warm-up's own seconds
     store.on_samples([Sample(140.0, KIND_PHASE, "main", {"phase": ph.ENDED, "since": 139.0, "training_since": 110.0})])
-    assert proc.look_since(store, 141.0) == 139.0           # ended: nothing after the end (the last look stands)
+    assert proc.look_since(store, 141.0) == 131.0           # ended: the horizon (py-spy's final window in it)
     assert ph.look_start(None, 1.0, 2.0) is None
 
 

@@ -197,7 +197,10 @@ class BudgetProcessor:
             steps = sum(p.get("step_n") for p in near if type(p.get("step_n")) is int)
             recompiling = any(type(p.get(k)) is int and p.get(k) > 0 for p in near
                               for k in ("recompiles", "recompile_limit_hits"))
-            in_step = any(m.naming.hint == fr.TRAIN for m in span)   # a backward pass or an optimizer step
+            # a backward pass or an optimizer step on the stack, before the job was ever judged: only a
+            # job's first warm-up waits for its first step this way (a loop whose steps the probe never
+            # counts would otherwise wait WARMUP_MAX_S after every evaluation)
+            in_step = self.tracker.training_since is None and any(m.naming.hint == fr.TRAIN for m in span)
             changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling,
                                        _first_step_pending(near, probe, in_step)) or changed
         return changed
@@ -357,16 +360,20 @@ def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool =
     the probe sees: it is inside its first step while the probe has ended no step and taken no
     batch and the span's stacks (``in_step``) show a backward pass or an optimizer step. (A
     MobileNet's first backward sat 12 s loading cuDNN with the GPU idle, on an H100: the idle
-    seconds, level, settled the warm-up and were judged host-bound.) A loop whose steps the probe
-    never sees gets its model's calls as steps within ~15 s (probe/forward_steps.py), and the
-    warm-up's own WARMUP_MAX_S bounds the rest. GradScaler's steps count as ended steps: one that
-    skips its optimizer step on an overflow ended all the same (amp_fp16_overflow skips them all)."""
+    seconds, level, settled the warm-up and were judged host-bound.) Only the job's first warm-up
+    waits so (the caller's ``in_step`` says it): a loop whose steps the probe never counts (a
+    hand-written update under torch.compile: no optimizer step, no forward steps) waits the
+    warm-up's WARMUP_MAX_S once, at its start, not after every evaluation. GradScaler's steps, in
+    any window so far, count as ended steps: one that skips its optimizer step on an overflow
+    ended all the same (amp_fp16_overflow skips them all)."""
     if not probe_windows:
         return False
     p = probe_windows[-1]
     steps, batches, rate = p.get("step_total"), p.get("batch_total"), p.get("batches_per_s")
-    scaled = p.get("scaler_steps")   # GradScaler's steps: a skipped one ended too, with no optimizer step
-    if in_step and type(steps) is int and steps == 0 and batches in (0, None) and not (type(scaled) is int and scaled):
+    # GradScaler's steps (per window): a skipped one ended too, with no optimizer step
+    scaled = any(type(w.get("scaler_steps")) is int and w.get("scaler_steps") > 0 for w in (*earlier, *probe_windows))
+    no_batch = batches is None or (type(batches) is int and batches == 0)
+    if in_step and type(steps) is int and steps == 0 and no_batch and not scaled:
         return True
     if not (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
             and type(rate) in (int, float) and rate == 0):

@@ -31,7 +31,9 @@ faster; a loop that has stopped speeding up has settled, whether its steps are l
 while the pooled time holds) or slow down (a stall is not a warm-up). While the probe sees the
 loop inside its first step (it took a batch, ended no step and takes no other) nothing settles:
 that step is cuDNN autotuning or lazy initialisation, and the GPU's busy share then says
-nothing about how the steps will go. Without a probe, the upper
+nothing about how the steps will go. A loop with no DataLoader takes no batch the probe sees: in
+the job's first warm-up it is inside its first step while its stacks are in a backward pass or an
+optimizer step and the probe has ended no step. Without a probe, the upper
 quartile of the GPU's busy share of each second (a second's share also drops in every stall)
 within ``SETTLE_BUSY`` over ``SETTLE_BUSY_READINGS`` seconds; with no start-up frames
 (compiling, lazy CUDA init, building) among them; and at most ``WARMUP_MAX_S``. After an
@@ -74,8 +76,8 @@ def look_start(phase: str | None, since, training_since) -> float | None:
     phase's start. A look reaching further would judge a phase with what came before it in it:
     the budget's window, and the thread states the rules read beside it (a Lightning job's share of
     time waiting on the GPU read 12% 4 s into training, its warm-up in the look, and 27% once the
-    look held training alone). After the end, the end: nothing new is looked at (the last look
-    stands). None: no phase known."""
+    look held training alone). After the end, the end (the budget's window then holds nothing new;
+    the thread states keep their last look: threads.states_since). None: no phase known."""
     start = training_since if phase in JUDGED else since if phase is not None else None
     return float(start) if type(start) in (int, float) else None
 

@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 from gputop.derive import frame_rules as fr
 from gputop.derive.hot_frames import HotCounts
-from gputop.derive.phases import look_start
+from gputop.derive.phases import ENDED, look_start
 from gputop.derive.stacks_window import threads_since, works_now
 from gputop.derive.thread_samples import (  # noqa: F401  (the readers of raw samples; importable here)
     _STACK_MEMO, _STACK_MEMO_MAX, _ClassifyCache, _classify_sample, _num, _parse_kernel, _stack_class, _tid_key,
@@ -326,12 +326,14 @@ def states_since(store, now: float, horizon_s: float = DEFAULT_HORIZON_S) -> flo
     """Where the thread states' look starts: ``horizon_s`` back, holding the py-spy window in
     flight, late or not (stacks_window.threads_since), and never before the phase the job is in
     (phases.look_start, the budget's window too), so that the states the rules read beside the
-    budget are of the judged stretch alone. The processor reads it, and the Threads view's title
-    says it."""
+    budget are of the judged stretch, not of the warm-up before it. Whole py-spy windows: one that
+    ends after the start is in the look, so up to a window in flight (2 s in a warm-up, 5 s steady)
+    from before the start is too. The processor reads it, and the Threads view's title says it."""
     since = threads_since(store, now, horizon_s)
-    phase = store.latest(KIND_PHASE, "main")   # (the budget processor's, a tick ago)
-    start = None if phase is None else look_start(phase.get("phase"), phase.get("since"),
-                                                  phase.get("training_since"))
+    phase = store.latest(KIND_PHASE, "main")   # (the budget processor's, this tick: it runs first)
+    if phase is None or phase.get("phase") == ENDED:
+        return since   # (after the exit the last look, py-spy's final window in it, stands as it was)
+    start = look_start(phase.get("phase"), phase.get("since"), phase.get("training_since"))
     return max(since, start) if start is not None and start < now else since
 
 

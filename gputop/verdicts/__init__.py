@@ -1,8 +1,9 @@
 """Verdict rules: pure functions from a window of samples to findings with evidence.
 
-``default_processors()`` is the chain every session runs (live, replay, report): thread
-states from stacks first, then the time budget and the phases, then the verdict engine
-that reads them all.
+``default_processors()`` is the chain every session runs (live, replay, report): the time
+budget and the phases first, then the thread states from stacks (their look starts where the
+phase the budget processor just said does: derive/threads.states_since), then the verdict
+engine that reads them all.
 """
 
 from __future__ import annotations
@@ -14,4 +15,4 @@ def default_processors() -> list:
     from gputop.derive.threads import ThreadStateProcessor
     from gputop.verdicts.engine import VerdictEngine
 
-    return [ThreadStateProcessor(), BudgetProcessor(), StallDetector(), VerdictEngine()]
+    return [BudgetProcessor(), ThreadStateProcessor(), StallDetector(), VerdictEngine()]

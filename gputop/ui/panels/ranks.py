@@ -2,7 +2,8 @@
 
 Rows come from ``gputop.derive.ranks.rank_table`` (the same join the straggler verdict reads):
 the rank's process, its GPU and that GPU's SM active, its steps/s and data wait from the
-in-process probe, and the share of its main thread's last 10 s spent running Python, waiting for
+in-process probe, and the share of its main thread's recent seconds (the thread states' look)
+spent running Python, waiting for
 the GIL, for a batch, for the GPU (sync) and in collectives (py-spy + kernel). Ranks that ended
 stay as dim rows ("exited", and why). docs/metrics.md ("Ranks") documents every column.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from gputop.derive.ranks import NO_RANKS, rank_overview, rank_table
+from gputop.derive.threads import DEFAULT_HORIZON_S, states_since
 from gputop.model import MetricSpec
 from gputop.ui import fmt
 from gputop.ui.panels import TextPanel, register_panel, register_view
@@ -27,11 +29,11 @@ METRICS = [
     MetricSpec("rank", "sm_active", "%", "SM act", "SM active of the rank's GPU (the whole GPU: ranks sharing it show the same)"),
     MetricSpec("rank", "steps_per_s", "/s", "steps/s", "training steps per second of the rank: steps per observed second of its newest probe window (in-process probe)"),
     MetricSpec("rank", "data_wait", "%", "data", "share of the rank's step time blocked on its DataLoader (probe; else its main thread's DataLoader wait from stacks)"),
-    MetricSpec("rank", "gil_pct", "%", "GIL", "share of the rank's main thread's last 10 s waiting for the GIL"),
-    MetricSpec("rank", "cuda_pct", "%", "sync", "share of the rank's main thread's last 10 s waiting for the GPU (synchronize, .item())"),
-    MetricSpec("rank", "collective_pct", "%", "coll", "share of the rank's main thread's last 10 s inside torch.distributed collectives"),
-    MetricSpec("rank", "running_pct", "%", "run", "share of the rank's main thread's last 10 s running Python (or native code called from it)"),
-    MetricSpec("rank", "idle_pct", "%", "idle", "share of the rank's main thread's last 10 s blocked elsewhere (sleep, locks, I/O, waits py-spy cannot name)"),
+    MetricSpec("rank", "gil_pct", "%", "GIL", "share of the rank's main thread's recent seconds (the thread states' look) waiting for the GIL"),
+    MetricSpec("rank", "cuda_pct", "%", "sync", "share of the rank's main thread's recent seconds (the thread states' look) waiting for the GPU (synchronize, .item())"),
+    MetricSpec("rank", "collective_pct", "%", "coll", "share of the rank's main thread's recent seconds (the thread states' look) inside torch.distributed collectives"),
+    MetricSpec("rank", "running_pct", "%", "run", "share of the rank's main thread's recent seconds (the thread states' look) running Python (or native code called from it)"),
+    MetricSpec("rank", "idle_pct", "%", "idle", "share of the rank's main thread's recent seconds (the thread states' look) blocked elsewhere (sleep, locks, I/O, waits py-spy cannot name)"),
 ]
 
 
@@ -84,7 +86,9 @@ class RankSummary(TextPanel):
             miss = ", ".join(map(str, ov["missing_local_ranks"][:8]))
             t.append(f"\nlocal rank {miss} of {ov['local_world_size']} not found on this node "
                      f"(not started, exited, or outside the target's tree)", style=STYLE_WARN)
-        t.append("\nrun/GIL/data/sync/coll/idle: the rank's main thread's last 10 s (py-spy + kernel); "
+        # the thread states' look (derive/threads.states_since: 10 s, 30 s while calm, shorter early in a phase)
+        look = round(snap.now - states_since(snap.store, snap.now, DEFAULT_HORIZON_S))
+        t.append(f"\nrun/GIL/data/sync/coll/idle: the rank's main thread's last {look:g} s (py-spy + kernel); "
                  "data: the probe's DataLoader wait when it runs; SM act: the whole GPU", style=STYLE_DIM)
         if any(r.get("gpu_from") == "env" for r in rows):
             t.append("\nGPU?: from CUDA_VISIBLE_DEVICES / LOCAL_RANK, not seen in NVML's process list", style=STYLE_DIM)
