@@ -147,8 +147,14 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
         got: list = []
         src.start(got.append)
         try:
-            assert wait_for(lambda: sum(s.kind == KIND_STACKS and s.key == str(p.pid) and s.data["dur_s"] > 2.2
-                                        for s in got) >= 3, 40)
+            def long_windows():
+                return [s.t for s in got if s.kind == KIND_STACKS and s.key == str(p.pid) and s.data["dur_s"] > 2.2]
+
+            def child_windows():
+                return [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child)]
+            assert wait_for(lambda: len(long_windows()) >= 3, 40)
+            # and four of the children's windows after the first long one: three gaps to judge the cadence by
+            assert wait_for(lambda: sum(t >= long_windows()[0] - 1.0 for t in child_windows()) >= 4, 40)
         finally:
             src.stop()
     finally:
@@ -165,9 +171,11 @@ def test_workers_keep_their_short_windows_every_few_seconds_after_the_warm_up():
     child_t = [s.t for s in got if s.kind == KIND_STACKS and s.key == str(child)]
     later = [t for t in child_t if t >= after[0].t - 1.0]
     # one every 5 first-length windows' time (5 s), as in the warm-up; without the cut, every
-    # 1 + 3 + 3 s (a whole steady window late)
-    gaps = [b - a for a, b in zip(later, later[1:])]
-    assert len(later) >= 2 and all(g <= 5 + 1.5 for g in gaps), (child_t, gaps)
+    # 1 + 3 + 3 s (a whole steady window late). By the median of three gaps: on CI's loaded 2-core
+    # box beside the suite one window started 1.6 s late once (a 6.6 s gap), where the bug makes
+    # every gap ~7 s
+    gaps = sorted(b - a for a, b in zip(later, later[1:]))
+    assert len(gaps) >= 3 and gaps[len(gaps) // 2] <= 5 + 1.0 and gaps[-1] <= 5 + 3.0, (child_t, gaps)
 
 
 def test_a_live_session_tells_the_stack_source_the_jobs_phase():
