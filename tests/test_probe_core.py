@@ -162,7 +162,9 @@ WAKE_SCRIPT = textwrap.dedent('''
     p.on_marker_step()                   # the training thread's first step wakes the probe
     on_training_thread = sorted({e for e, m in seen if m})
     deadline = time.monotonic() + 10
-    while not p.listening and time.monotonic() < deadline:
+    # listening, and the scan of stale sockets done (the dead process's removed): the scan may come
+    # after the listen, and on a loaded box it once had not run yet (no os.kill seen)
+    while (not p.listening or len(os.listdir(d)) > 1) and time.monotonic() < deadline:
         time.sleep(0.01)
     out = {"on_training_thread": on_training_thread, "on_probe_thread": sorted({e for e, m in seen if not m}),
            "listening": p.listening, "files": sorted(os.listdir(d)), "steps": p.step_total, "pid": os.getpid()}
