@@ -492,6 +492,11 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such folder" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+    # a set that does not exist, alone or beside one that does: one line naming it and the sets there are
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "corpus_score", "--set", "corpus,nope", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such set: nope" in r.stderr, r.stderr
+    assert "unseen1207" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("argv", [
