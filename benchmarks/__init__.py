@@ -134,6 +134,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the corpus jobs (benchmarks/corpus/) as they are and fixed under gputop run --headless,"
               " recorded; each fix's gain from the job's own rate lines",
               "h200", "none: a measurement (the recordings corpus_score scores)"),
+    Benchmark("subprocess_cost", "subprocess_cost.py",
+              "what subprocess.run(nvidia-smi) in a training loop costs: the call, the steps after it"
+              " against an equal sleep, the page faults (issue 29's nvidia_smi_in_loop job)",
+              "h200", "none: a measurement"),
     Benchmark("corpus_score", "corpus_score.py",
               "scores corpus_run's recordings with today's rules: primary verdict and predicted gain"
               " against each job's known cause and measured gain",
