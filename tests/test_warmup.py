@@ -386,29 +386,33 @@ def test_the_probe_join_trusts_the_probes_data_wait_over_the_samples_and_the_cou
 
 
 def test_after_a_sync_the_waits_that_follow_get_the_idle_and_the_window_keeps_it():
-    """derive/moments._drain_after_sync: a sync empties the GPU's queue, so a sleep, lock or file
-    wait right after it keeps the GPU idle; the idle comes from the syncs first, then the others; a
-    moment of Python code between them ends the chain; the window's idle is kept."""
+    """derive/moments._drain_waits: a sync empties the GPU's queue, so a sleep, lock or file
+    wait right after it keeps the GPU idle; a named blocking wait (sleep, lock, select, a child
+    process) launches nothing, so it gets the idle wherever it falls; a file wait after Python
+    code does not (a checkpoint's writes interleave with its serialising). The idle comes from the
+    syncs first, then the others; the window's idle is kept."""
     from gputop.derive.budget import BLOCKED, IO, SYNC, Moment, Naming
-    from gputop.derive.moments import _drain_after_sync
+    from gputop.derive.moments import _drain_waits
 
     def nm(cat):
         return Naming(cat, None, None, "user", None)
     sync, blocked, io, cpu = nm(SYNC), nm(BLOCKED), nm(IO), nm("python")
-    # cpu, sync, sync, blocked, io, cpu, blocked: the last blocked follows Python code, not a sync
-    cats = [cpu, sync, sync, blocked, io, cpu, blocked]
-    busy = [0.6, 0.5, 0.5, 0.5, 0.5, 0.9, 0.5]
+    # cpu, sync, sync, blocked, io, cpu, io, blocked: the second io follows Python code
+    cats = [cpu, sync, sync, blocked, io, cpu, io, blocked]
+    busy = [0.6, 0.5, 0.5, 0.5, 0.5, 0.9, 0.5, 0.5]
     ms = [Moment(0.1 * i, 0.1, b, c) for i, (b, c) in enumerate(zip(busy, cats))]
     before = sum((1 - m.busy) * m.dt for m in ms)
-    _drain_after_sync(ms)
+    _drain_waits(ms)
     assert abs(sum((1 - m.busy) * m.dt for m in ms) - before) < 1e-12
-    assert ms[3].busy == 0.0 and ms[4].busy == 0.0          # drained: need 0.1 s, the syncs had 0.1
-    assert ms[1].busy == 1.0 and ms[2].busy == 1.0          # a thread waiting on the GPU: busy
-    assert ms[6].busy == 0.5 and ms[0].busy == 0.6          # after Python code: not drained; others kept
+    # drained: the waits after the syncs and the last blocked wait (need 0.15 s of idle)
+    assert ms[3].busy == 0.0 and ms[4].busy == 0.0 and ms[7].busy == 0.0
+    assert ms[1].busy == 1.0 and ms[2].busy == 1.0          # a thread waiting on the GPU: busy (0.1 s)
+    # the other 0.05 s from the others' 0.1 s of idle: each keeps half of its idle
+    assert [round(ms[i].busy, 9) for i in (0, 5, 6)] == [0.8, 0.95, 0.75]
     # the syncs' idle runs out: the rest comes from the other moments, and the window keeps its idle
     ms = [Moment(0.1 * i, 0.1, b, c) for i, (b, c) in enumerate(zip([0.2, 0.9, 0.9, 0.9], [cpu, sync, blocked, io]))]
     before = sum((1 - m.busy) * m.dt for m in ms)
-    _drain_after_sync(ms)
+    _drain_waits(ms)
     assert abs(sum((1 - m.busy) * m.dt for m in ms) - before) < 1e-12
     assert ms[1].busy == 1.0 and ms[0].busy > 0.2 and all(0.0 <= m.busy <= 1.0 for m in ms)
     assert ms[2].busy < 0.9 and ms[3].busy < 0.9
@@ -417,29 +421,30 @@ def test_after_a_sync_the_waits_that_follow_get_the_idle_and_the_window_keeps_it
 def test_a_line_where_the_probe_counted_syncs_is_a_sync_for_the_waits_after_it():
     """A copy of a pageable batch (Accelerate's send_to_device) waits for the GPU's previous step
     while CUDA spins on the CPU: py-spy and the kernel see Python code. The probe counted a device
-    sync at that line, so the lock wait right after it (a metrics client's log()) is drained like
-    one after .item(): the GPU had nothing queued while the thread waited for the lock. The line
-    keeps its category (a pageable copy is also host-side transfer work, host_bound's and
-    h2d_copy_bound's to weigh), and a line the probe did not count is not a sync."""
-    from gputop.derive.budget import BLOCKED, Moment, Naming
-    from gputop.derive.moments import _drain_after_sync, sync_sites
+    sync at that line, so the file write after it is drained like one after .item(): the GPU had
+    nothing queued. The line keeps its category (a pageable copy is also host-side transfer work,
+    host_bound's and h2d_copy_bound's to weigh), and a line the probe did not count is not a sync.
+    The lock wait between them (a metrics client's log()) is drained either way."""
+    from gputop.derive.budget import BLOCKED, IO, Moment, Naming
+    from gputop.derive.moments import _drain_waits, sync_sites
 
     site = "/x/accelerate/utils/operations.py:160"
     copy = Naming("python", "send_to_device (operations.py:160)", "/x/accelerate/utils/operations.py", "library",
                   None, site=site)
     lock = Naming(BLOCKED, "MetricsClient.log (job.py:31)", "/x/job.py", "user", None, site="/x/job.py:31")
+    write = Naming(IO, "write_log (job.py:40)", "/x/job.py", "user", None, site="/x/job.py:40")
     sites = sync_sites({"total": 268, "lines": [[site, 268], ["bad"], [3, 4], ["/x/other.py:1", 0]]})
     assert sites == frozenset({site})
 
     def window():
-        return [Moment(0.1 * i, 0.1, 0.5, c) for i, c in enumerate([copy, copy, lock, lock])]
+        return [Moment(0.1 * i, 0.1, 0.5, c) for i, c in enumerate([copy, copy, lock, write])]
     ms = window()
-    _drain_after_sync(ms, sites)
-    assert ms[2].busy == 0.0 and ms[3].busy == 0.0 and ms[0].busy == 1.0 and ms[1].busy == 1.0
-    assert all(m.naming.cat == c for m, c in zip(ms, ("python", "python", BLOCKED, BLOCKED)))
+    _drain_waits(ms, sites)
+    assert [m.busy for m in ms] == [1.0, 1.0, 0.0, 0.0]
+    assert all(m.naming.cat == c for m, c in zip(ms, ("python", "python", BLOCKED, IO)))
     ms = window()
-    _drain_after_sync(ms)          # no probe: nothing says the copy waited on the GPU
-    assert [m.busy for m in ms] == [0.5] * 4
+    _drain_waits(ms)          # no probe: nothing says the copy waited on the GPU; the lock still launches nothing
+    assert ms[2].busy == 0.0 and [round(ms[i].busy, 9) for i in (0, 1, 3)] == [round(1 - 0.5 * 2 / 3, 9)] * 3
 
 
 def test_a_sample_on_a_with_lock_line_is_a_wait_for_the_lock():
