@@ -342,7 +342,7 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
     return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 2]
 
 
-FIRST_STEP_MAX_S = 15.0   # a first step longer than this after the first batch is not waited for
+FIRST_STEP_MAX_S = 30.0   # a first step longer than this after the first batch is not waited for (WARMUP_MAX_S)
 
 
 def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool = False) -> bool:

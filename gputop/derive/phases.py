@@ -31,7 +31,9 @@ faster; a loop that has stopped speeding up has settled, whether its steps are l
 while the pooled time holds) or slow down (a stall is not a warm-up). While the probe sees the
 loop inside its first step (it took a batch, ended no step and takes no other) nothing settles:
 that step is cuDNN autotuning or lazy initialisation, and the GPU's busy share then says
-nothing about how the steps will go. A loop with no DataLoader takes no batch the probe sees: in
+nothing about how the steps will go (for up to ``WARMUP_MAX_S`` after the first batch; training
+recognised after a stretch of "running", the job's start-up spent in code the frame tables do not
+know, warms up too while that first step is pending). A loop with no DataLoader takes no batch the probe sees: in
 the job's first warm-up it is inside its first step while its stacks are in a backward pass or an
 optimizer step and the probe has ended no step. Without a probe, the upper
 quartile of the GPU's busy share of each second (a second's share also drops in every stall)
@@ -142,7 +144,13 @@ class PhaseTracker:
                         self.startup_parts[part] += hints[part] * dt
                 other = n - sum(hints.get(p, 0) for p in fr.STARTUP_PARTS)
                 self.startup_parts["other"] += max(0, other) * dt
-        entering = new in JUDGED and self.raw not in JUDGED
+        # training recognised after a stretch of "running" while the probe sees the loop inside its
+        # first step starts a warm-up too: the job spent its start-up on work the frame tables do
+        # not know (building its data), and that first step is cuDNN autotuning and lazy init (a
+        # ResNet-50's took 17.5 s on an H100). A job gputop attached to mid-training, whose first
+        # windows showed no step, has ended steps already and is not made to warm up twice.
+        entering = new in JUDGED and (self.raw not in JUDGED
+                                      or (new == TRAINING and self.raw == RUNNING and first_step_pending))
         self._set_raw(new, t0)
         if entering:
             self.warm_since, self.settle, self.warm_spans = t0, [], 0
