@@ -95,6 +95,46 @@ def test_nothing_settles_while_the_first_step_is_pending():
     assert seen[-1][1] == ph.TRAINING and t.training_since >= 23.0
 
 
+def test_training_after_running_warms_up_only_for_a_pending_first_step():
+    """Training recognised after a "running" stretch warms up while the probe sees its first step
+    pending (the job's start-up ended in code the tables do not know: its "running" budget is
+    start-up's); a job attached mid-training whose first windows showed no step goes straight to
+    training when its steps show."""
+    from collections import Counter
+    idle = Counter()
+    # start-up, then "running" (no frames the tables know), then the first training frames
+    t = ph.PhaseTracker()
+    t.window(0.0, 1.0, Counter({fr.IMPORT: 40}), 40, 0.025, 0)
+    for i in range(1, 12):
+        t.window(float(i), i + 1.0, idle, 40, 0.025, 0, readings=[(i + 1.0, "busy", 0.0)])
+    assert t.phase == ph.RUNNING and not t.running_was_startup
+    t.window(12.0, 13.0, TRAIN, 40, 0.025, 0, first_step_pending=True)
+    assert t.phase == ph.WARMUP and t.running_was_startup and t.startup_s == 12.0
+    # attached mid-training: the first windows show no step, then steps without a pending first step
+    t = ph.PhaseTracker()
+    for i in range(8):
+        t.window(float(i), i + 1.0, idle, 40, 0.025, 0, readings=[(i + 1.0, "busy", 0.9)])
+    assert t.phase == ph.RUNNING
+    t.window(8.0, 9.0, TRAIN, 40, 0.025, 3, readings=[(9.0, "step", 0.1, 3)])
+    assert t.phase == ph.TRAINING and not t.running_was_startup
+
+
+def test_a_first_step_is_waited_for_from_the_first_batch_not_from_the_probes_look_back():
+    """The budget processor hands _first_step_pending the probe windows of the last 30 s only; a
+    loop whose steps the probe never counts (a custom optimizer) with 2 s batches, 200 s in, must
+    not look like a first step again (its first batch came long before that look-back)."""
+    from gputop.derive.budget_processor import _first_step_pending
+    from gputop.model import Sample
+
+    def win(t, batches, rate):
+        return Sample(t, "probe_step", "1", {"step_total": 0, "batch_total": batches, "batches_per_s": rate})
+    look_back = [win(170.0 + k, 85 + k // 2, 0.5 if k % 2 else 0.0) for k in range(28)]
+    newest = [win(199.5, 100, 0.0)]
+    assert _first_step_pending(newest, look_back)              # the look-back alone cannot tell
+    assert not _first_step_pending(newest, look_back, first_batch_t=2.0)
+    assert _first_step_pending([win(12.0, 1, 0.0)], [win(2.0, 1, 1.0)], first_batch_t=2.0)
+
+
 def test_the_first_step_is_pending_while_the_loop_took_a_batch_and_ended_no_step():
     from gputop.derive.budget_processor import _first_step_pending
     from gputop.model import Sample
@@ -486,6 +526,12 @@ def test_a_sample_on_a_with_lock_line_is_a_wait_for_the_lock():
         assert fr.classify(frames, stack, line)[0] == fr.IDLE, line
     for line in ("with self.block:", "with clock:", "with torch.no_grad():", "with threading.Lock():",
                  "with self.lock_file(path):", "x = lock_count + 1"):
+        assert fr.classify(frames, stack, line)[0] == fr.PYTHON, line
+    # select: the select module's call waits; a tensor's select() indexes (a blocking wait is now
+    # given the GPU's idle wherever it falls, so a tensor line must not read as one)
+    for line in ("r, _, _ = select.select([fd], [], [], 1.0)", "ready = select(rlist, [], [])"):
+        assert fr.classify(frames, stack, line)[0] == fr.IDLE, line
+    for line in ("row = x.select(0, i)", "h = torch.select(h, 1, -1)", "y = preselect(x)"):
         assert fr.classify(frames, stack, line)[0] == fr.PYTHON, line
 
 

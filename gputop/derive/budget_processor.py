@@ -74,6 +74,7 @@ class BudgetProcessor:
     def reset(self) -> None:
         self.builder = MomentBuilder()
         self.tracker = ph.PhaseTracker()
+        self.first_batch_t = None        # the probe's first window with a batch taken (FIRST_STEP_MAX_S)
         self.session: dict[str, Budget] = {}
         self.done_t = float("-inf")      # py-spy windows ending at or before this are in the session budget
         self.phase_said_t = None
@@ -102,6 +103,7 @@ class BudgetProcessor:
                 # another process is judged now (a launcher's ranks appeared): its phases are
                 # its own, so what the launcher's frames said no longer holds
                 self.tracker = ph.PhaseTracker()
+                self.first_batch_t = None
                 self.builder.reset()
                 self.done_t = float("-inf")
                 self.phase_said_t = None
@@ -183,6 +185,10 @@ class BudgetProcessor:
 
     def _judge_moments(self, ms: list[Moment], t_end: float, probe, span_moments: int | None = None) -> bool:
         changed = False
+        if self.first_batch_t is None:
+            # kept, not looked up: the probe windows at hand reach back 30 s only
+            self.first_batch_t = next((p.t for p in probe if type(p.get("batch_total")) is int
+                                       and p.get("batch_total") > 0), None)
         t0 = ms[0].t - ms[0].dt / 2 if ms else t_end
         n_spans = max(1, len(ms) // (span_moments or PHASE_SPAN_MOMENTS))
         cuts = [len(ms) * k // n_spans for k in range(n_spans + 1)]
@@ -202,7 +208,7 @@ class BudgetProcessor:
             # counts would otherwise wait WARMUP_MAX_S after every evaluation)
             in_step = self.tracker.training_since is None and any(m.naming.hint == fr.TRAIN for m in span)
             changed = self._judge_span(span, a, b, steps, _step_readings(near, span), recompiling,
-                                       _first_step_pending(near, probe, in_step)) or changed
+                                       _first_step_pending(near, probe, in_step, self.first_batch_t)) or changed
         return changed
 
     def _judge_span(self, ms: list[Moment], t0: float, t1: float, steps: int, readings: list,
@@ -219,6 +225,11 @@ class BudgetProcessor:
         changed = bool(self.tracker.window(first_train if before in (None, ph.STARTUP) else t0, t1, hints, len(ms),
                                            ms[0].dt if ms else 0.0, steps, readings=readings,
                                            first_step_pending=first_step_pending))
+        if self.tracker.running_was_startup:
+            self.tracker.running_was_startup = False
+            ran = self.session.pop(ph.RUNNING, None)
+            if ran is not None:
+                self.session.setdefault(ph.STARTUP, Budget()).merge(ran)
         phase = self.tracker.phase or ph.STARTUP
         for m in ms:
             p = before if (before == ph.STARTUP and phase in ph.JUDGED + (ph.WARMUP,) and m.t < first_train) else phase
@@ -342,10 +353,11 @@ def _step_readings(probe_windows: list, ms: list[Moment]) -> list:
     return [(sec + 1.0, "busy", sum(v) / len(v)) for sec, v in sorted(buckets.items()) if len(v) >= 2]
 
 
-FIRST_STEP_MAX_S = 30.0   # a first step longer than this after the first batch is not waited for (WARMUP_MAX_S)
+FIRST_STEP_MAX_S = ph.WARMUP_MAX_S   # a first step longer than this after the first batch is not waited for
 
 
-def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool = False) -> bool:
+def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool = False,
+                        first_batch_t: float | None = None) -> bool:
     """The probe sees the loop inside its first step: it has taken a batch, ended no step, and
     took no batch in its newest window near the span. That step is cuDNN autotuning, lazy module
     init, the allocator's first growth: the GPU's busy share meanwhile says nothing about how the
@@ -365,7 +377,8 @@ def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool =
     hand-written update under torch.compile: no optimizer step, no forward steps) waits the
     warm-up's WARMUP_MAX_S once, at its start, not after every evaluation. GradScaler's steps, in
     any window so far, count as ended steps: one that skips its optimizer step on an overflow
-    ended all the same (amp_fp16_overflow skips them all)."""
+    ended all the same (amp_fp16_overflow skips them all). ``first_batch_t``: when the job took its
+    first batch, kept by the caller (``earlier`` reaches back 30 s only)."""
     if not probe_windows:
         return False
     p = probe_windows[-1]
@@ -378,8 +391,9 @@ def _first_step_pending(probe_windows: list, earlier: list = (), in_step: bool =
     if not (type(steps) is int and steps == 0 and type(batches) is int and batches > 0
             and type(rate) in (int, float) and rate == 0):
         return False
-    first = next((w.t for w in (*earlier, *probe_windows)
-                  if type(w.get("batch_total")) is int and w.get("batch_total") > 0), p.t)
+    first = first_batch_t if first_batch_t is not None else next(
+        (w.t for w in (*earlier, *probe_windows)
+         if type(w.get("batch_total")) is int and w.get("batch_total") > 0), p.t)
     return p.t - first <= FIRST_STEP_MAX_S
 
 

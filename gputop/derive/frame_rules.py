@@ -94,7 +94,10 @@ LINE_RULES: tuple[LineRule, ...] = (
     LineRule(CUDA, re.compile(r"\.(item|cpu|tolist|numpy)\(\s*\)|\bsynchronize\(\s*\)"
                               r"|\.to\(\s*(device\s*=\s*)?['\"]cpu['\"]"),
              "a call that waits for the GPU (.item(), .cpu(), .tolist(), .numpy(), .to('cpu'), synchronize())"),
-    LineRule(IDLE, re.compile(r"\bsleep\(|\.acquire\(|\.recv(_into|from)?\(|\.accept\(|\bselect\("),
+    # (select: the select module's, ``select.select(`` or a bare ``select(``; ``x.select(0, i)`` and
+    # ``torch.select(`` index a tensor)
+    LineRule(IDLE, re.compile(r"\bsleep\(|\.acquire\(|\.recv(_into|from)?\(|\.accept\("
+                              r"|\bselect\.select\(|(?<![\w.])select\("),
              "a blocking call (sleep, lock acquire, socket receive, select)"),
     # ``with self.lock:`` acquires in C (no frame of its own): an uncontended acquire takes
     # nanoseconds, so a sample on that line is the thread waiting for the lock's holder (the

@@ -31,7 +31,8 @@ faster; a loop that has stopped speeding up has settled, whether its steps are l
 while the pooled time holds) or slow down (a stall is not a warm-up). While the probe sees the
 loop inside its first step (it took a batch, ended no step and takes no other) nothing settles:
 that step is cuDNN autotuning or lazy initialisation, and the GPU's busy share then says
-nothing about how the steps will go (for up to ``WARMUP_MAX_S`` after the first batch; training
+nothing about how the steps will go (for up to ``WARMUP_MAX_S`` after the first batch:
+budget_processor.FIRST_STEP_MAX_S; training
 recognised after a stretch of "running", the job's start-up spent in code the frame tables do not
 know, warms up too while that first step is pending). A loop with no DataLoader takes no batch the probe sees: in
 the job's first warm-up it is inside its first step while its stacks are in a backward pass or an
@@ -98,6 +99,9 @@ class PhaseTracker:
     startup_parts: Counter = field(default_factory=Counter)   # start-up part -> seconds
     startup_s: float | None = None
     training_since: float | None = None  # start of the current judged stretch
+    # set when training began after a "running" stretch that turned out to be start-up (the
+    # budget processor moves that stretch's budget to start-up and clears it)
+    running_was_startup: bool = False
     quiet: int = 0                       # start-up windows in a row without start-up frames
     changes: list = field(default_factory=list)                # [(t, phase)]
 
@@ -149,11 +153,18 @@ class PhaseTracker:
         # not know (building its data), and that first step is cuDNN autotuning and lazy init (a
         # ResNet-50's took 17.5 s on an H100). A job gputop attached to mid-training, whose first
         # windows showed no step, has ended steps already and is not made to warm up twice.
-        entering = new in JUDGED and (self.raw not in JUDGED
-                                      or (new == TRAINING and self.raw == RUNNING and first_step_pending))
+        after_running = new == TRAINING and self.raw == RUNNING and first_step_pending
+        entering = new in JUDGED and (self.raw not in JUDGED or after_running)
+        if after_running and self.startup_t0 is not None and all(p != TRAINING for _t, p in self.changes):
+            # the job's first training step, after a start-up that ended in code the frame tables
+            # do not know: that "running" stretch was start-up, not training to judge
+            self.startup_s = max(0.0, t0 - self.startup_t0)
+            self.running_was_startup = True
         self._set_raw(new, t0)
         if entering:
-            self.warm_since, self.settle, self.warm_spans = t0, [], 0
+            # (already warming up while "running": the warm-up goes on, its WARMUP_MAX_S from its start)
+            self.warm_since = t0 if self.warm_since is None else self.warm_since
+            self.settle, self.warm_spans = [], 0
         if self.warm_since is not None and new in JUDGED:
             if first_step_pending or (n and any(hints.get(p, 0) for p in (fr.COMPILE, fr.CUDA_INIT, fr.BUILD))):
                 # still compiling or initialising, or inside the first step: nothing here says how steps go
