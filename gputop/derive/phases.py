@@ -32,9 +32,9 @@ while the pooled time holds) or slow down (a stall is not a warm-up). While the 
 loop inside its first step (it took a batch, ended no step and takes no other) nothing settles:
 that step is cuDNN autotuning or lazy initialisation, and the GPU's busy share then says
 nothing about how the steps will go (for up to ``WARMUP_MAX_S`` after the first batch:
-budget_processor.FIRST_STEP_MAX_S; training
-recognised after a stretch of "running", the job's start-up spent in code the frame tables do not
-know, warms up too while that first step is pending). A loop with no DataLoader takes no batch the probe sees: in
+budget_processor.FIRST_STEP_MAX_S). Training recognised after a stretch of "running" (the job's
+start-up spent in code the frame tables do not know) warms up too while that first step is
+pending, and that stretch is start-up. A loop with no DataLoader takes no batch the probe sees: in
 the job's first warm-up it is inside its first step while its stacks are in a backward pass or an
 optimizer step and the probe has ended no step. Without a probe, the upper
 quartile of the GPU's busy share of each second (a second's share also drops in every stall)
