@@ -1,6 +1,6 @@
 """One benchmark harness: every benchmark declared once (benchmarks/__init__.py), run by
 ``python -m benchmarks``, and every raw result docs/benchmarks.md cites present. Fast: no
-benchmark is run, except one's --help."""
+benchmark is run, except one's --help and one GPU benchmark's refusal on a box without a GPU."""
 
 from __future__ import annotations
 
@@ -53,6 +53,19 @@ def test_an_unknown_name_is_one_line_on_stderr_and_exit_2():
     assert r.returncode == 2
     assert r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "no_such_benchmark" in r.stderr
+
+
+def test_a_gpu_benchmark_on_a_machine_without_a_gpu_says_so_in_one_line_and_exits_2():
+    """subprocess_cost needs the GPU machine (it trains GPT-2 small there): here, torch's CPU build
+    sees no CUDA device, and the benchmark says where to run it, no traceback."""
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the benchmark would run (h200.sh runs it there)")
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "subprocess_cost"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.strip().splitlines() == ["subprocess_cost: no GPU here; run it on the GPU machine"], r.stderr
 
 
 def test_a_benchmark_runs_as_its_script_with_the_arguments_given():
