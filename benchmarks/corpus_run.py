@@ -70,13 +70,14 @@ def run_variant(job, variant: str, out: pathlib.Path, seconds: float, timeout: f
         job_cmd.append("--fixed")
     elif variant == "second":
         job_cmd.extend(job.second_flags)
+    extra = job.second_startup_s if variant == "second" else 0.0   # a compile before the first step
     # the job ends by itself; --duration is only a ceiling, and --stop-with-gputop ends a job that hangs
-    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--stop-with-gputop", "--duration", str(seconds + 45),
-           "--record", str(rec), "--json", "--", *job_cmd]
+    cmd = [sys.executable, "-m", "gputop", "run", "--headless", "--stop-with-gputop", "--duration",
+           str(seconds + 45 + extra), "--record", str(rec), "--json", "--", *job_cmd]
     t0 = time.monotonic()
     with open(out / f"{stem}.json", "w") as fo, open(log, "w") as fe:
         try:
-            rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout or seconds + 90).returncode
+            rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout or seconds + 90 + extra).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.monotonic() - t0
@@ -139,7 +140,8 @@ def main() -> int:
             # a hung variant must not carry the call past its limit: at most the budget's rest and 40 s
             cap = max(30.0, a.budget_s + 40 - (time.monotonic() - t_start)) if a.budget_s else None
             secs = job.seconds or a.seconds
-            row = run_variant(job, variant, out, secs, min(secs + 90, cap) if cap else None)
+            extra = job.second_startup_s if variant == "second" else 0.0
+            row = run_variant(job, variant, out, secs, min(secs + 90 + extra, cap) if cap else None)
             longest = max(longest, row["wall_s"])
             res.write(json.dumps(row) + "\n")
             res.flush()
