@@ -230,8 +230,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--set", default="corpus",
                     help="corpus: issue 29's 30 jobs; unseen1207: its second held-out corpus, written blind to "
-                         "the rules; issue30: the jobs of issue 30's causes; several, comma-separated, are "
-                         "scored as one (corpus,unseen1207)")
+                         "the rules; unseen1207c: its third, written the same way; issue30: the jobs of issue "
+                         "30's causes; several, comma-separated, are scored as one (corpus,unseen1207)")
     args = ap.parse_args()
     names = list(dict.fromkeys(n.strip() for n in args.set.split(",") if n.strip()))   # (a set named twice: once)
     unknown = [n for n in names if n not in SETS]

@@ -247,5 +247,28 @@ UNSEEN1207: tuple[Job, ...] = (
         second_startup_s=150.0),
 )
 
-SETS = {"corpus": JOBS, "unseen1207": UNSEEN1207, "issue30": ISSUE30}
-BY_NAME = {j.name: j for j in JOBS + UNSEEN1207}
+# Issue 29's third held-out corpus (2026-12-07, ninth session): four jobs written the same way, by two
+# helpers that read none of gputop's rules, docs or tests (only common.py and four corpus jobs for the
+# form), from a line naming the recipe, the cause's label and the fix; none timed on a GPU. Registered
+# here, with their labels, before any of them ran under gputop or on a GPU. All held out
+# (``--set unseen1207c``).
+UNSEEN1207C: tuple[Job, ...] = (
+    Job("timm_debug_dump_every_step", "timm", "io_stall",
+        "timm ResNet-50 (bf16, channels_last, batch 256 made on the GPU) torch.save-ing ~260 MB of the batch's "
+        "images, features and logits with fsync every 5 steps (a leftover debugging hook)",
+        "dump every 5000 steps", holdout=True),
+    Job("unet3d_pageable_volumes", "plain", "h2d_copy_bound",
+        "MONAI-style 3D UNet (bf16) on 2 x 128^3 CT patches whose cache ships float32 images and float32 one-hot "
+        "labels (252 MB a batch) from pageable memory with a blocking .to(device)",
+        "ship the raw int16 CT and uint8 labels, scale and one-hot on the GPU", holdout=True),
+    Job("lightning_audio_stft_workers2", "lightning", "input_bound",
+        "Lightning PANNs Cnn14 audio tagging (bf16-mixed, batch 64 of 4 s clips) with resampling, STFT, log-mel "
+        "and SpecAugment per sample in __getitem__, num_workers=2", "num_workers=14", holdout=True),
+    Job("trainer_gpt2_habits_healthy", "trainer", None,
+        "HF Trainer GPT-2 medium (bf16, batch 8 x 1024) with logging_steps=10, the progress bar, a JSON-lines "
+        "metrics callback every 20 steps and a psutil sampler thread",
+        "logging_steps=1000, no progress bar, no callback writes, no sampler thread", holdout=True),
+)
+
+SETS = {"corpus": JOBS, "unseen1207": UNSEEN1207, "unseen1207c": UNSEEN1207C, "issue30": ISSUE30}
+BY_NAME = {j.name: j for j in JOBS + UNSEEN1207 + UNSEEN1207C}
