@@ -217,6 +217,9 @@ class Moment:
     # the budget counts dt x weight: within a probe window the moments in next(DataLoader) stand
     # for the probe's measured data wait, the others for the rest (derive/moments._calibrate)
     weight: float = 1.0
+    # a "Python code" moment in a relaunch: after a device sync with only Python code between
+    # (derive/moments._mark_relaunch); True where the samples' order is unknown
+    relaunch: bool = True
 
 
 _FRAMED = frozenset((CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT))   # categories whose frames are kept
@@ -232,6 +235,7 @@ class Budget:
     total_s: float = 0.0
     with_gpu: bool = True
     named_blocked_s: float = 0.0   # the part of BLOCKED in calls the frames name (sleep, lock, queue...)
+    relaunch_s: float = 0.0        # the part of CPU in relaunches after a device sync (Moment.relaunch)
 
     def add(self, m: Moment) -> None:
         # (this runs for every moment of every window every second: the arithmetic is the
@@ -254,6 +258,8 @@ class Budget:
         for cat, share in parts_of(m).items():
             if not share <= 0:   # (as the loop this replaces: a NaN share is charged)
                 self._charge(n, cat, w * share)
+                if cat == CPU and m.relaunch:
+                    self.relaunch_s += w * share
 
     def _charge(self, n: Naming, cat: str, s: float) -> None:
         self.seconds[cat] += s
@@ -280,6 +286,7 @@ class Budget:
         self.total_s += other.total_s
         self.with_gpu = self.with_gpu and other.with_gpu
         self.named_blocked_s += other.named_blocked_s
+        self.relaunch_s += other.relaunch_s
 
     def shares(self) -> dict[str, float | None]:
         if self.total_s <= 0:
@@ -313,6 +320,7 @@ class Budget:
             "frames": {c: self.top_frames(c) for c in (CPU, IO, BLOCKED, SYNC, DATA, GIL, CPU_WAIT) if self.frames.get(c)},
             "cpu_owners": {k: round(v / owners_total, 3) for k, v in self.owners.most_common(6)} if owners_total else {},
             "blocked_in_calls": round(self.named_blocked_s / self.total_s, 4) if self.total_s > 0 else None,
+            "cpu_after_sync": round(self.relaunch_s / self.total_s, 4) if self.total_s > 0 else None,
         }
 
 

@@ -332,6 +332,7 @@ class MomentBuilder:
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]
             if timed:
+                _mark_relaunch(ms, sites)
                 _drain_waits(ms, sites)
             if probe:
                 _calibrate(ms, probe)
@@ -365,6 +366,29 @@ class MomentBuilder:
 _DRAINED_WAITS = (BLOCKED, IO)   # off-CPU waits that launch nothing (a DataLoader wait is placed by the probe)
 
 
+def _is_sync(m: Moment, sites: frozenset) -> bool:
+    return m.naming.cat == SYNC or (m.naming.cat == "python" and m.naming.site in sites)
+
+
+def _mark_relaunch(ms: list[Moment], sites: frozenset = frozenset()) -> None:
+    """Mark the "Python code" moments that relaunch after a device sync: those that follow a sync
+    with nothing but Python code between them (``ms`` in the order they were sampled). After any
+    other wait (a file, a sleep, the DataLoader) the GPU's queue was drained by that wait, so
+    the host code that follows is that wait's relaunch, not the sync's; and a window's first
+    moments, with no sync seen before them, are no relaunch either. sync_stall's cost counts
+    these moments' idle only: a debug dump that .cpu()s its tensors then writes 260 MB (the
+    third unseen set, timm_debug_dump_every_step) had its whole host-code share (21%, mostly the
+    backward passes between dumps) counted as the syncs' cost, and outweighed its file writes."""
+    after_sync = False
+    for m in ms:
+        if _is_sync(m, sites):
+            after_sync = True
+        elif m.naming.cat == "python":
+            m.relaunch = after_sync
+        else:
+            after_sync = False
+
+
 def _drain_waits(ms: list[Moment], sites: frozenset = frozenset()) -> None:
     """Make the waits that follow a device sync idle, and every named blocking wait (sleep,
     lock, queue, select, socket, a child process), keeping the window's idle time (the module's
@@ -372,8 +396,9 @@ def _drain_waits(ms: list[Moment], sites: frozenset = frozenset()) -> None:
     ``sites``: the lines where the probe counted syncs (``sync_sites``), whose "Python code"
     moments are syncs here (they keep their category in the budget)."""
     drained, after_sync = [], False
+
     def is_sync(m: Moment) -> bool:
-        return m.naming.cat == SYNC or (m.naming.cat == "python" and m.naming.site in sites)
+        return _is_sync(m, sites)
 
     for m in ms:
         cat = m.naming.cat

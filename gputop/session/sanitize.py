@@ -59,7 +59,7 @@ SCHEMA: dict[str, dict[str, str]] = {
                             "window_s windows"),
     "event": _table(str="level message"),
     "phase": _table(str="label phase startup_text", number="since training_since", dict="startup"),
-    "budget": _table(number="blocked_in_calls seconds window_s", list="changes",
+    "budget": _table(number="blocked_in_calls cpu_after_sync seconds window_s", list="changes",
                      dict="cpu_owners frames phases probe shares stalls startup",
                      str="from gpu_source largest phase pid startup_text"),
     "probe_config": _table(list="amp_autocast loaders",

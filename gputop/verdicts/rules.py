@@ -298,7 +298,7 @@ def sync_stall(sig: Signals) -> Finding | None:
     # over loop_blocked's +32%, when the POST in a thread gained 38%.
     lost = _idle_share(sig)
     if sig.get("budget.sync") is not None or sig.get("budget.cpu") is not None:
-        host = _host_side_idle(sig)
+        host = _relaunch_idle(sig)
         lost = host if lost is None else min(lost, host)
     if lost is None:
         lost = cuda or 0.0
@@ -326,6 +326,17 @@ def sync_stall(sig: Signals) -> Finding | None:
                 + (f", {syncs:.1f} syncs per step" if syncs is not None else "")
                 + (f"; device->host copies {tx / 1024:.1f} GiB/s" if transfer else ""),
         missing=_missing(sig, "stacks", "probe"))
+
+
+def _relaunch_idle(sig: Signals) -> float:
+    """The GPU's idle share while the main thread waited on the GPU or relaunched after a sync
+    (the budget's sync share and its ``cpu_after_sync``: host code with only Python code since
+    the last sync); the sync and cpu shares where the budget has no such share (an older one)."""
+    budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
+    after = budget.get("cpu_after_sync")
+    if type(after) not in (int, float):
+        return _host_side_idle(sig)
+    return (sig.get("budget.sync") or 0.0) + after
 
 
 def _host_side_idle(sig: Signals) -> float:
