@@ -355,8 +355,33 @@ def test_the_window_budget_from_cached_windows_is_the_budget_of_its_moments():
                 assert got.frames[c][name] == pytest.approx(v, abs=1e-9)
         assert got.owners.keys() == want.owners.keys() and got.paths == want.paths
         assert got.with_gpu == want.with_gpu and got.named_blocked_s == pytest.approx(want.named_blocked_s, abs=1e-9)
+        assert got.relaunch_s == pytest.approx(want.relaunch_s, abs=1e-9)
         checked += bool(ms)
         merged += sum(1 for c in builder._cache.values() if c._budget is not None)
         t += 1.0
     s.stop()
     assert checked >= 100 and merged > 0
+
+
+def test_host_code_counts_as_a_syncs_relaunch_until_a_wait_of_another_kind():
+    """_mark_relaunch, over one window's moments in the order py-spy took them: Python code after
+    a sync (or before any wait in the window) may be the relaunch the sync left the GPU waiting
+    for; after a file, sleep, DataLoader or collective wait it is that wait's. A sample with no
+    Python frame changes nothing, and a line where the probe counted syncs is a sync. The
+    budget counts the marked moments' CPU idle as cpu_after_sync, and only them."""
+    from gputop.derive.budget import BLOCKED, DATA, IO, SYNC, UNKNOWN, Moment, Naming, budget_of
+    from gputop.derive.moments import _mark_relaunch
+
+    def named(cat, site=None):
+        return Naming(cat, f"{cat} (job.py:1)", "job.py", "user", None, site=site)
+
+    cats = ["python", SYNC, "python", UNKNOWN, "python", IO, "python", "python", ("python", "job.py:7"), "python",
+            BLOCKED, "python", SYNC, "python", DATA, "python"]
+    ms = [Moment(float(i), 1.0, 0.0, named(*((c,) if isinstance(c, str) else c))) for i, c in enumerate(cats)]
+    _mark_relaunch(ms, frozenset({"job.py:7"}))
+    marked = [m.relaunch for m in ms if m.naming.cat == "python"]
+    #        first  after sync  past unknown  after io x2    probe sync  after it  after sleep  after sync  after data
+    assert marked == [True, True, True, False, False, True, True, False, True, False]
+    b = budget_of(ms).to_data()
+    # every "python" moment without a kernel split is CPU code: 10 of 16 s, 6 of them marked
+    assert b["shares"]["cpu"] == pytest.approx(10 / 16) and b["cpu_after_sync"] == pytest.approx(6 / 16)

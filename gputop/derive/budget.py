@@ -217,8 +217,8 @@ class Moment:
     # the budget counts dt x weight: within a probe window the moments in next(DataLoader) stand
     # for the probe's measured data wait, the others for the rest (derive/moments._calibrate)
     weight: float = 1.0
-    # a "Python code" moment in a relaunch: after a device sync with only Python code between
-    # (derive/moments._mark_relaunch); True where the samples' order is unknown
+    # a "Python code" moment that may relaunch after a device sync: no wait of another kind since
+    # the last sync in its window (derive/moments._mark_relaunch); True where the order is unknown
     relaunch: bool = True
 
 

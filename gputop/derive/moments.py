@@ -37,6 +37,11 @@ window's idle time is kept exactly. A sync is a frame or line the rules know (``
 previous step while CUDA spins on the CPU, so only the probe's count tells it from Python code
 (the corpus's accelerate_log_sleep: the lock wait after that copy was its cost, 44% by its fix).
 
+**The host code after a sync.** ``_mark_relaunch`` marks the "Python code" moments that follow
+a sync (or open the window) with only Python code between: the relaunch that a sync leaves the
+GPU waiting for, sync_stall's cost with the syncs themselves (the budget's ``cpu_after_sync``).
+Host code after a file, sleep, DataLoader or collective wait is that wait's relaunch.
+
 **A named blocking wait, anywhere.** A main thread in sleep, a lock, a queue, select, a socket or
 a child process launches nothing; a wait that py-spy samples at 20-50 ms outlasts the GPU's queue
 in a loop that syncs every few steps. The smeared join gave such waits only the window's average
@@ -55,8 +60,8 @@ from collections import OrderedDict
 from functools import lru_cache
 
 from gputop.catalogue import KIND_GPU, KIND_GPU_INFO, KIND_PROBE_STEP, KIND_PROBE_SYNC, KIND_STACKS, KIND_THREAD_KERNEL
-from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, Budget, KernelSplit, Moment,
-                                  Naming, budget_of, name_stack)
+from gputop.derive.budget import (BLOCKED, COLLECTIVE, DATA, GPU_SAMPLE_MAX_S, IO, SYNC, UNKNOWN, Budget, KernelSplit,
+                                  Moment, Naming, budget_of, name_stack)
 
 SETTLE_S = 3.0   # a py-spy window's moments are final once the GPU and kernel samples after it are in
 MAX_SAMPLES = 20000  # samples of one thread in one py-spy window (20 Hz x 2 s is 40; a file may claim more)
@@ -327,12 +332,13 @@ class MomentBuilder:
         mean_busy = None if timed else busy.mean(t0, t0 + dur)
         ms = [Moment(t0 + (i + 0.5) * dt, dt, busy.at(t0 + (i + 0.5) * dt) if timed else mean_busy, nm)
               for i, nm in enumerate(order)]
+        if timed:
+            _mark_relaunch(ms, sites)   # (the order alone says it: with or without GPU counters)
         if busy.has_lines or self.with_gpu:
             # with GPU counters, a moment without a GPU sample near it cannot be joined: leave it
             # out rather than count it as idle (or the shares would not sum to 1)
             ms = [m for m in ms if m.busy is not None]
             if timed:
-                _mark_relaunch(ms, sites)
                 _drain_waits(ms, sites)
             if probe:
                 _calibrate(ms, probe)
@@ -371,22 +377,26 @@ def _is_sync(m: Moment, sites: frozenset) -> bool:
 
 
 def _mark_relaunch(ms: list[Moment], sites: frozenset = frozenset()) -> None:
-    """Mark the "Python code" moments that relaunch after a device sync: those that follow a sync
-    with nothing but Python code between them (``ms`` in the order they were sampled). After any
-    other wait (a file, a sleep, the DataLoader) the GPU's queue was drained by that wait, so
-    the host code that follows is that wait's relaunch, not the sync's; and a window's first
-    moments, with no sync seen before them, are no relaunch either. sync_stall's cost counts
-    these moments' idle only: a debug dump that .cpu()s its tensors then writes 260 MB (the
-    third unseen set, timm_debug_dump_every_step) had its whole host-code share (21%, mostly the
-    backward passes between dumps) counted as the syncs' cost, and outweighed its file writes."""
-    after_sync = False
+    """Mark which "Python code" moments relaunch after a device sync (``ms`` in the order they
+    were sampled). After a wait of another kind (a file, a sleep, the DataLoader, a collective)
+    the GPU's queue was drained by that wait, so the host code that follows is that wait's
+    relaunch, not the sync's: those moments are not. The rest stay marked: those after a sync
+    with only Python code between, and a window's first ones, before any wait in it (what came
+    before the window is not known here). A sample with no Python frame says nothing either
+    way, and a moment at a line where the probe counted syncs is a sync itself (it keeps the
+    mark). sync_stall's cost counts the marked moments' idle only: a debug dump that .cpu()s its
+    tensors then writes 260 MB (the third unseen set, timm_debug_dump_every_step) had its whole
+    host-code share (21%, mostly the backward passes between dumps) counted as the syncs' cost,
+    and outweighed its file writes."""
+    after_other_wait = False
     for m in ms:
+        cat = m.naming.cat
         if _is_sync(m, sites):
-            after_sync = True
-        elif m.naming.cat == "python":
-            m.relaunch = after_sync
-        else:
-            after_sync = False
+            after_other_wait = False
+        elif cat == "python":
+            m.relaunch = not after_other_wait
+        elif cat != UNKNOWN:
+            after_other_wait = True
 
 
 def _drain_waits(ms: list[Moment], sites: frozenset = frozenset()) -> None:

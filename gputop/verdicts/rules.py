@@ -292,9 +292,9 @@ def sync_stall(sig: Signals) -> Finding | None:
         where = f" Hottest sync: {line[0]}."
     elif isinstance(line, str):
         where = f" Hottest sync: {line}."
-    # what the syncs cost: the GPU's idle while the thread waits on it or runs host code (it
-    # relaunches after each wait), not the idle of the sleeps, data or file waits that follow a
-    # sync (their own verdicts). A metrics POST after .item() (H100) was given all the idle: +40%,
+    # what the syncs cost: the GPU's idle while the thread waits on it or relaunches after it
+    # (the host code that follows a sync), not the idle of the sleeps, data or file waits that
+    # follow a sync, nor of the host code after those (their own verdicts). A metrics POST after .item() (H100) was given all the idle: +40%,
     # over loop_blocked's +32%, when the POST in a thread gained 38%.
     lost = _idle_share(sig)
     if sig.get("budget.sync") is not None or sig.get("budget.cpu") is not None:
