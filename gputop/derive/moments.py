@@ -38,9 +38,10 @@ previous step while CUDA spins on the CPU, so only the probe's count tells it fr
 (the corpus's accelerate_log_sleep: the lock wait after that copy was its cost, 44% by its fix).
 
 **The host code after a sync.** ``_mark_relaunch`` marks the "Python code" moments that follow
-a sync (or open the window) with only Python code between: the relaunch that a sync leaves the
-GPU waiting for, sync_stall's cost with the syncs themselves (the budget's ``cpu_after_sync``).
-Host code after a file, sleep, DataLoader or collective wait is that wait's relaunch.
+a sync (or open the window) with no wait of another kind between: the relaunch that a sync leaves
+the GPU waiting for, sync_stall's cost with the syncs themselves (the budget's
+``cpu_after_sync``). Host code after a file, sleep, DataLoader or collective wait is that wait's
+relaunch.
 
 **A named blocking wait, anywhere.** A main thread in sleep, a lock, a queue, select, a socket or
 a child process launches nothing; a wait that py-spy samples at 20-50 ms outlasts the GPU's queue

@@ -294,8 +294,9 @@ def sync_stall(sig: Signals) -> Finding | None:
         where = f" Hottest sync: {line}."
     # what the syncs cost: the GPU's idle while the thread waits on it or relaunches after it
     # (the host code that follows a sync), not the idle of the sleeps, data or file waits that
-    # follow a sync, nor of the host code after those (their own verdicts). A metrics POST after .item() (H100) was given all the idle: +40%,
-    # over loop_blocked's +32%, when the POST in a thread gained 38%.
+    # follow a sync, nor of the host code after those (their own verdicts). A metrics POST after
+    # .item() (H100) was given all the idle: +40%, over loop_blocked's +32%, when the POST in a
+    # thread gained 38%.
     lost = _idle_share(sig)
     if sig.get("budget.sync") is not None or sig.get("budget.cpu") is not None:
         host = _relaunch_idle(sig)
@@ -330,8 +331,9 @@ def sync_stall(sig: Signals) -> Finding | None:
 
 def _relaunch_idle(sig: Signals) -> float:
     """The GPU's idle share while the main thread waited on the GPU or relaunched after a sync
-    (the budget's sync share and its ``cpu_after_sync``: host code with only Python code since
-    the last sync); the sync and cpu shares where the budget has no such share (an older one)."""
+    (the budget's sync share and its ``cpu_after_sync``: host code with no wait of another kind
+    since the last sync or its window's start); the sync and cpu shares where the budget has no
+    such share (an older one)."""
     budget = sig.facts.get("budget") if isinstance(sig.facts.get("budget"), dict) else {}
     after = budget.get("cpu_after_sync")
     if type(after) not in (int, float):
