@@ -115,6 +115,11 @@ def main() -> int:
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in a.jobs.split(",") if n]
+    unknown_jobs = [n for n in names if n not in {j.name for j in SETS[a.set]}]
+    if unknown_jobs:
+        print(f"corpus_run: --jobs {','.join(unknown_jobs)}: not in the {a.set} set "
+              f"(benchmarks/corpus/manifest.py lists its jobs)", file=sys.stderr)
+        return 2
     jobs = [j for j in SETS[a.set] if not names or j.name in names]
     if a.order == "holdout-first":
         jobs.sort(key=lambda j: not j.holdout)   # stable: manifest order within each group

@@ -526,6 +526,7 @@ def test_a_damaged_recording_costs_its_job_only_and_a_missing_folder_one_line(tm
     ["benchmarks/corpus/recsys_cpu_embedding.py", "--seconds", "1", "--gpu-batches"],   # the second fix alone
     ["-m", "benchmarks", "kernel_busy", "--", "benchmarks/corpus/no_such_job.py"],
     ["-m", "benchmarks", "corpus_run", "OUT", "--jobs", "small_mlp_launch", "--variants", "as_is,seconds"],
+    ["-m", "benchmarks", "corpus_run", "OUT", "--set", "unseen1207c", "--jobs", "small_mlp_launch"],   # another set's
 ])
 def test_corpus_tools_refuse_a_bad_command_line_in_one_line(argv, tmp_path):
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
