@@ -270,5 +270,34 @@ UNSEEN1207C: tuple[Job, ...] = (
         "logging_steps=1000, no progress bar, no callback writes, no sampler thread", holdout=True),
 )
 
-SETS = {"corpus": JOBS, "unseen1207": UNSEEN1207, "unseen1207c": UNSEEN1207C, "issue30": ISSUE30}
-BY_NAME = {j.name: j for j in JOBS + UNSEEN1207 + UNSEEN1207C}
+# Issue 29's fourth held-out corpus (2026-12-08, tenth session): six jobs written the same way, by three
+# helpers that read none of gputop's rules, docs or tests (only common.py and four corpus jobs for the
+# form), from a line naming the recipe, the cause's label and the fix; none timed on a GPU. Registered
+# here, with their labels, before any of them ran under gputop or on a GPU, with the rules of the
+# commit that registers them. All held out (``--set unseen1208``).
+UNSEEN1208: tuple[Job, ...] = (
+    Job("moe_expert_loop_sync", "plain", "sync_stall",
+        "Mixtral-style MoE LM (8 layers, 32 experts top-4, bf16, batch 8 x 1024) dispatching tokens per expert "
+        "with torch.where / index_select (256 device-to-host syncs a forward)",
+        "static-shape dispatch: cumsum positions and a scatter into [experts, capacity, d]", holdout=True),
+    Job("accelerate_gil_rouge_thread", "accelerate", "gil_contention",
+        "Accelerate GPT-2 small (bf16, batch 16 x 512) with a thread scoring each batch's texts with pure-Python "
+        "ROUGE-1/2/L", "the same scorer in a multiprocessing process", holdout=True),
+    Job("lightning_psutil_stats_callback", "lightning", "loop_blocked",
+        "Lightning ViT-B/16 (bf16-mixed, batch 128, 8 workers) with a callback logging "
+        "psutil.cpu_percent(interval=0.1) every batch", "psutil.cpu_percent(interval=None)", holdout=True),
+    Job("lightning_checkpoint_every_n_steps", "lightning", "io_stall",
+        "Lightning GPT-2 medium (bf16-mixed, batch 8 x 1024) with ModelCheckpoint(every_n_train_steps=50, "
+        "save_top_k=-1) writing 4.3 GB of full state", "every_n_train_steps=1000", holdout=True),
+    Job("trainer_foreach_off_small_bert", "trainer", "launch_bound",
+        "HF Trainer small BERT (12 layers, hidden 256, 201 tensors, bf16, batch 16 x 128) with "
+        "AdamW(foreach=False) passed as the optimizer", "AdamW(fused=True)", holdout=True),
+    Job("accelerate_grad_accum_healthy", "accelerate", None,
+        "Accelerate GPT-2 medium (bf16, 4 accumulation steps of 8 x 1024) with tqdm, a loss.item() log every 10 "
+        "steps, max_memory_allocated() every step and an evaluation every 40 steps",
+        "no tqdm, no .item() log, no memory read", holdout=True),
+)
+
+SETS = {"corpus": JOBS, "unseen1207": UNSEEN1207, "unseen1207c": UNSEEN1207C, "unseen1208": UNSEEN1208,
+        "issue30": ISSUE30}
+BY_NAME = {j.name: j for j in JOBS + UNSEEN1207 + UNSEEN1207C + UNSEEN1208}
