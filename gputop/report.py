@@ -97,27 +97,36 @@ def _verdict_keys(samples: list[Sample], t_start: float, t_end: float, budget: d
     from gputop.verdicts.summary import summarize_verdicts
 
     out = summarize_verdicts(samples, t_start, t_end)
-    _session_gain(out, ((budget.get("budget") or {}).get("training") or {}).get("shares") or {})
     return {"verdicts": out["verdicts"], "primary_verdict": out["primary_verdict"],
             "verdict_timeline": out["timeline"], "primary_changes": out["primary_changes"],
             "judged_s": out["judged_s"], "first_verdict_s": out["first_verdict_s"],
             "no_verdict_why": out["no_verdict_why"], **budget}
 
 
-def _session_gain(out: dict, shares: dict) -> None:
+def _session_gain(out: dict) -> None:
     """The session's gain of each cause the time budget measures, from the training budget's
-    share of it (verdicts/causal.py: session_loss), in the primary and in its evidence."""
-    from gputop.verdicts.causal import fix_gain, session_loss
+    share of it and the steps' excess over the median step of the slowest rank (verdicts/causal.py:
+    session_loss), in the primary and in its evidence. Run on the whole report (its budget and
+    probe sections built)."""
+    from gputop.verdicts.causal import fix_gain, session_basis, session_loss
 
+    if not isinstance(out.get("verdicts"), dict):
+        return
+    shares = (((out.get("budget") or {}).get("training") or {}).get("shares")) or {}
+    probe = out.get("probe") if isinstance(out.get("probe"), dict) else {}
+    ranks = [r for r in probe.get("ranks") or [] if isinstance(r, dict)]
+    slowest = ((probe.get("summary") or {}).get("slowest") or {}).get("pid")
+    rank = next((r for r in ranks if r.get("pid") == slowest), ranks[0] if len(ranks) == 1 else None)
+    excess = rank.get("slow_step_excess") if rank is not None else None
     for vid, v in out["verdicts"].items():
-        loss = session_loss(vid, shares)
+        loss = session_loss(vid, shares, excess)
         ev = v.get("evidence") or {}
         if loss is None or not isinstance(ev.get("fix_gain_pct"), (int, float)):
             continue
         ev["fix_gain_pct"] = round(fix_gain(loss) * 100.0, 1)
         p = out["primary_verdict"]
         if p is not None and p["id"] == vid:
-            p["gain_pct"], p["gain_from"] = ev["fix_gain_pct"], "budget"
+            p["gain_pct"], p["gain_from"] = ev["fix_gain_pct"], session_basis(vid, shares, excess)
 
 
 @dataclass
@@ -346,6 +355,8 @@ def build_report(path: str, recompute_verdicts: bool = True) -> dict:
             got = {"error": f"{type(e).__name__}: {e}"}
         if got is not None:
             report[section.name] = got
+    if recompute_verdicts:
+        _session_gain(report)
     if bad:
         report["session"]["bad_values"] = bad.summary()
     return json_safe(report)

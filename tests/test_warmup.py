@@ -578,12 +578,25 @@ def test_the_reports_session_gain_of_a_budget_cause_is_its_training_budget_share
     assert session_loss("io_stall", {}) is None
     out = {"verdicts": {"io_stall": {"evidence": {"fix_gain_pct": 135.0}},
                         "launch_bound": {"evidence": {"fix_gain_pct": 50.0}}},
-           "primary_verdict": {"id": "io_stall", "gain_pct": 135.0, "gain_from": "held"}}
-    _session_gain(out, shares)
+           "primary_verdict": {"id": "io_stall", "gain_pct": 135.0, "gain_from": "held"},
+           "budget": {"training": {"shares": shares}},
+           "probe": {"ranks": [{"pid": "7", "slow_step_excess": 0.41}], "summary": {"slowest": {"pid": "7"}}}}
+    _session_gain(out)
     want = round(fix_gain(0.53) * 100.0, 1)
     assert out["primary_verdict"]["gain_pct"] == out["verdicts"]["io_stall"]["evidence"]["fix_gain_pct"] == want
     assert out["primary_verdict"]["gain_from"] == "budget"
     assert out["verdicts"]["launch_bound"]["evidence"]["fix_gain_pct"] == 50.0
+    # a cost on some steps only: the steps' excess over the median step, where it is larger than
+    # the budget's file I/O share (a debug dump's copies and relaunch are not file I/O), never
+    # above the idle; other causes never take it
+    assert session_loss("io_stall", shares, 0.60) == 0.60
+    assert abs(session_loss("io_stall", shares, 0.70) - 0.64) < 1e-9
+    assert session_loss("io_stall", shares, 0.41) == 0.53
+    assert session_loss("loop_blocked", {"gpu_busy": 0.36, "blocked": 0.2}, 0.6) == 0.2
+    out["probe"]["ranks"][0]["slow_step_excess"] = 0.60
+    _session_gain(out)
+    assert out["primary_verdict"]["gain_pct"] == round(fix_gain(0.60) * 100.0, 1)
+    assert out["primary_verdict"]["gain_from"] == "steps"
 
 
 def test_the_report_counts_the_live_primary_changing_in_judged_time_only():

@@ -98,6 +98,9 @@ def step_split(data: dict) -> dict | None:
 RECOMPILE_EXCESS_EXPLAINED = 0.5
 
 
+EXCESS_MIN_STEPS = 10   # timed steps a median of the step time needs (StepPool.slow_step_excess)
+
+
 @dataclass(frozen=True)
 class StepPool:
     """Probe step windows pooled into sums, and the rates that follow from them, each named for
@@ -209,6 +212,19 @@ class StepPool:
     def step_ms_percentile(self, q: float) -> float | None:
         v = hist_percentile(self.step_hist, q) if self.step_hist else None
         return None if v is None else v * 1000
+
+    @property
+    def slow_step_excess(self) -> float | None:
+        """The share of step time above the median step (0-1): what the steps would save if
+        every one ran at the median, ``1 - p50 / mean``. A cost that falls on some steps only (a
+        checkpoint every N steps, a debug dump) is all in it, whatever the main thread did
+        around it; one that falls on every step is in the median, so not in it. None under
+        ``EXCESS_MIN_STEPS`` timed steps. (The histogram has 8 buckets an octave: the median is
+        within ~4%.)"""
+        mean, p50 = self.step_ms_mean, self.step_ms_percentile(50)
+        if self.timed_steps < EXCESS_MIN_STEPS or not mean or not p50:
+            return None
+        return max(0.0, 1.0 - p50 / mean)
 
     @property
     def data_wait_share(self) -> float | None:
@@ -454,6 +470,8 @@ def _rank_section(key: str, windows: list[Sample], configs: list[Sample], memory
             "p99": _r(pool.step_ms_percentile(99)),
             "max": _r(pool.step_ms_max),
         },
+        # the share of step time above the median step (io_stall's cost where larger than its budget share)
+        "slow_step_excess": _r(pool.slow_step_excess, 4),
         "data_wait_ms_per_step": _r(pool.data_wait_ms_per_step),
         "data_wait_share": _r(pool.data_wait_share, 4),
         # the share of step time the GPU idled while the loop waited for its batch (input_bound's cost)

@@ -154,7 +154,9 @@ def io_stall(sig: Signals) -> Finding | None:
               "thread), less often, or to faster local storage; log to files every N steps, not every step.")
     return io_stall.spec.finding(level=share / IO_STALL_SHARE, lost_share=share, confidence=0.8 if basis == "gpu" else 0.6,
                                  evidence={**_evidence(sig, budget, IO), "psi_io_some_pct": _r(psi), **sev,
-                                           "judged_on": basis},
+                                           "judged_on": basis,
+                                           # the cost's other measure (verdicts/causal.py SLOW_STEPS)
+                                           "slow_step_excess_pct": _pct(sig.get("probe.slow_step_excess"))},
                                  advice=advice, summary=summary)
 
 

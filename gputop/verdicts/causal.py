@@ -108,6 +108,13 @@ def busy_for(vid: str, sig: Signals) -> float | None:
 
 # causes whose cost the probe times on the GPU itself (its signal), over the budget's estimate
 PROBE_TIMED = {"input_bound": "probe.data_idle_share"}
+# causes that fall on some steps only (a checkpoint every N steps, a debug dump every few): their
+# cost is at least the steps' excess over the median step (derive/steps.py StepPool.slow_step_excess),
+# which holds all they cost -- the writes, the device-to-host copies before them and the relaunch
+# after them -- where the budget holds only the file I/O. The budget's share stands where it is
+# larger (a write on every step is in the median). The third unseen set's debug dump (H100): file
+# I/O 24% of its window, the steps' excess 64%, its fix +174% (a loss of 63%)
+SLOW_STEPS = ("io_stall",)
 
 
 def timed_loss(vid: str, sig: Signals) -> float | None:
@@ -130,6 +137,9 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
         # (with the probe, the budget's data share is already the GPU's idle time before each batch
         # arrived, at step resolution: derive/moments.py, _calibrate)
         loss = budget_share
+    excess = sig.get("probe.slow_step_excess") if vid in SLOW_STEPS else None
+    if excess is not None:
+        loss = max(loss, excess)
     probe_idle = timed_loss(vid, sig)
     if probe_idle is not None:
         # the probe times that idle itself, step by step (its CUDA events), where the budget
@@ -149,21 +159,34 @@ def causal_loss(vid: str, rule_loss: float, sig: Signals) -> float:
     return max(0.0, min(MAX_LOSS, loss))
 
 
-def session_loss(vid: str, shares: dict) -> float | None:
+def session_basis(vid: str, shares: dict, slow_step_excess: float | None = None) -> str:
+    """Which measure ``session_loss`` took: "steps" (the steps' excess over the median step, for
+    a ``SLOW_STEPS`` cause where it is larger than its budget share) or "budget"."""
+    share = shares.get(CATEGORY_OF.get(vid, ""))
+    if vid in SLOW_STEPS and isinstance(slow_step_excess, (int, float)) and isinstance(share, (int, float)) \
+            and slow_step_excess > share:
+        return "steps"
+    return "budget"
+
+
+def session_loss(vid: str, shares: dict, slow_step_excess: float | None = None) -> float | None:
     """A cause's lost share over the whole judged session, where the time budget measures it: the
     training budget's share of its category (``CATEGORY_OF``), never more than the GPU's idle
     share -- the figure the report's time budget prints beside the verdict ("file I/O 53%"), so
     the report's gain and its budget say one number. The mean of the live windows' losses while
     the verdict held counts each second of a periodic cost in every window that overlaps it and
     leaves out the stretches before it held (trainer_save_steps: 57% while held, 53% of training,
-    49% by its fix). None for a cause the budget does not measure (the probe times input_bound's;
-    launch_bound, copies, syncs come from the GPU's own view)."""
+    49% by its fix). For ``SLOW_STEPS`` causes, the session's ``slow_step_excess`` where it is
+    larger (as ``causal_loss``). None for a cause the budget does not measure (the probe times
+    input_bound's; launch_bound, copies, syncs come from the GPU's own view)."""
     cat = CATEGORY_OF.get(vid)
     if cat is None or vid in PROBE_TIMED:
         return None
     share, busy = shares.get(cat), shares.get("gpu_busy")
     if not isinstance(share, (int, float)):
         return None
+    if vid in SLOW_STEPS and isinstance(slow_step_excess, (int, float)):
+        share = max(share, slow_step_excess)
     idle = 1.0 - busy if isinstance(busy, (int, float)) else 1.0
     return max(0.0, min(MAX_LOSS, share, idle))
 

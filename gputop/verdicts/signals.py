@@ -401,6 +401,7 @@ def _probe_signals(store, since: float, sig: Signals, pid: str | None = None) ->
     if pool.timed_steps == 0 or pool.step_s_sum <= 0:
         return
     sig.set("probe.step_ms", pool.step_ms_mean)
+    sig.set("probe.slow_step_excess", pool.slow_step_excess)
     sig.set("probe.data_wait_share", pool.data_wait_share)
     sig.set("probe.data_idle_share", pool.data_idle_share)
     sig.set("probe.gpu_share", pool.gpu_share)

@@ -193,8 +193,9 @@ def render_verdicts_text(section: dict) -> list[str]:
         # so a figure here may differ from those: it is another span, and says so)
         lines.append(f"           evidence, its last window: {p['summary']}")
     if isinstance(p.get("gain_pct"), (int, float)):
-        whence = ("its share of the training time budget" if p.get("gain_from") == "budget"
-                  else "its mean lost share while it held")
+        whence = {"budget": "its share of the training time budget",
+                  "steps": "the steps' time over the median step"}.get(p.get("gain_from"),
+                                                                        "its mean lost share while it held")
         lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from {whence})")
     if p.get("advice"):
         lines.append(f"           try: {p['advice']}")
