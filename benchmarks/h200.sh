@@ -3,6 +3,7 @@
 #
 # From the repository root on the GPU machine (after the install line of shared/h200/README.md):
 #     bash benchmarks/h200.sh [PHASE ...]        # default: every phase
+# (The run tool carries at most 64 MiB of working tree: move benchmarks/results/ out of the tree for the call, back after.)
 # Phases: env nvml drivertests host cost monitors steady profile fixtures scenarios captures stacks launchcost probe ranks export real corpus kernelbusy
 # Each phase runs its benchmarks as `$PY -m benchmarks NAME ARGS` (the registry: benchmarks/__init__.py;
 # `python -m benchmarks --list` names them all, with where they run and their goals).
