@@ -705,7 +705,8 @@ def test_a_cost_on_some_steps_only_is_the_steps_excess_over_the_median_step():
     assert p["gain_pct"] == pytest.approx(100 * idle / (1 - idle), abs=0.5)
     assert abs(p["gain_pct"] - 174) <= 0.3 * 174, p["gain_pct"]
     assert p["gain_pct"] == rep["verdicts"]["io_stall"]["evidence"]["fix_gain_pct"]
-    assert "over the median step" in subprocess.run(
+    assert p["gain_steps_ms"] == {"mean": sm["mean"], "p50": sm["p50"]}
+    assert f"over the median step: mean step {sm['mean']:.0f} ms, median {sm['p50']:.0f} ms" in subprocess.run(
         [sys.executable, "-m", "gputop", "report", str(UNSEEN_RUN_C / "corpus-unseen1207c"
                                                        / "timm_debug_dump_every_step-as_is.gtrec")],
         capture_output=True, text=True, cwd=ROOT).stdout

@@ -196,6 +196,9 @@ def render_verdicts_text(section: dict) -> list[str]:
         whence = {"budget": "its share of the training time budget",
                   "steps": "the steps' time over the median step"}.get(p.get("gain_from"),
                                                                         "its mean lost share while it held")
+        sm = p.get("gain_steps_ms") if p.get("gain_from") == "steps" else None
+        if isinstance(sm, dict) and all(isinstance(sm.get(k), (int, float)) for k in ("mean", "p50")):
+            whence += f": mean step {sm['mean']:.0f} ms, median {sm['p50']:.0f} ms"
         lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from {whence})")
     if p.get("advice"):
         lines.append(f"           try: {p['advice']}")
