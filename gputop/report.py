@@ -127,7 +127,7 @@ def _session_gain(out: dict) -> None:
         p = out["primary_verdict"]
         if p is not None and p["id"] == vid:
             p["gain_pct"], p["gain_from"] = ev["fix_gain_pct"], session_basis(vid, shares, excess)
-            if p["gain_from"] == "steps":
+            if p["gain_from"] in ("steps", "idle"):
                 sm = rank.get("step_ms") or {}
                 p["gain_steps_ms"] = {"mean": sm.get("mean"), "p50": sm.get("p50")}
 

@@ -569,7 +569,7 @@ def test_the_reports_session_gain_of_a_budget_cause_is_its_training_budget_share
     time budget measures is the training budget's share of its category (capped by the GPU's idle
     share); a cause the probe times (input_bound) or the GPU's own view measures keeps its own."""
     from gputop.report import _session_gain
-    from gputop.verdicts.causal import fix_gain, session_loss
+    from gputop.verdicts.causal import fix_gain, session_basis, session_loss
 
     shares = {"gpu_busy": 0.36, "io": 0.53, "cpu": 0.05, "data": 0.2}
     assert session_loss("io_stall", shares) == 0.53
@@ -593,6 +593,12 @@ def test_the_reports_session_gain_of_a_budget_cause_is_its_training_budget_share
     assert abs(session_loss("io_stall", shares, 0.70) - 0.64) < 1e-9
     assert session_loss("io_stall", shares, 0.41) == 0.53
     assert session_loss("loop_blocked", {"gpu_busy": 0.36, "blocked": 0.2}, 0.6) == 0.2
+    # slow steps the file I/O does not explain (an evaluation, a recompile between two steps) are
+    # not the writes': 6% of file I/O never takes an excess of 56%
+    assert session_loss("io_stall", {"gpu_busy": 0.3, "io": 0.06}, 0.56) == 0.06
+    # without GPU counters there is no idle share to cap it: the budget's share stands
+    assert session_loss("io_stall", {"io": 0.2}, 0.5) == 0.2
+    assert session_basis("io_stall", shares, 0.70) == "idle" and session_basis("io_stall", shares, 0.41) == "budget"
     out["probe"]["ranks"][0]["slow_step_excess"] = 0.60
     _session_gain(out)
     assert out["primary_verdict"]["gain_pct"] == round(fix_gain(0.60) * 100.0, 1)

@@ -194,9 +194,10 @@ def render_verdicts_text(section: dict) -> list[str]:
         lines.append(f"           evidence, its last window: {p['summary']}")
     if isinstance(p.get("gain_pct"), (int, float)):
         whence = {"budget": "its share of the training time budget",
-                  "steps": "the steps' time over the median step"}.get(p.get("gain_from"),
-                                                                        "its mean lost share while it held")
-        sm = p.get("gain_steps_ms") if p.get("gain_from") == "steps" else None
+                  "steps": "the steps' time over the median step",
+                  "idle": "the GPU's idle share, under the steps' time over the median step"}.get(
+                      p.get("gain_from"), "its mean lost share while it held")
+        sm = p.get("gain_steps_ms") if p.get("gain_from") in ("steps", "idle") else None
         if isinstance(sm, dict) and all(isinstance(sm.get(k), (int, float)) for k in ("mean", "p50")):
             whence += f": mean step {sm['mean']:.0f} ms, median {sm['p50']:.0f} ms"
         lines.append(f"           {gain_text(p['gain_pct'] / 100.0)} (from {whence})")
